@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine (README):
+#   make run    set up .venv and train SASRec on the embedded synthetic dataset
+#   make test   set up .venv and run the test suite
+# On a machine without a GPU, `pip install torch==<pin>` takes the small CPU build where one is
+# available locally; with a GPU and internet the same pin installs the CUDA build from PyPI.
+PY ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+ifneq ($(wildcard ../shared/data),)
+export BFTREC_DATA_ROOT ?= $(abspath ../shared/data)
+endif
+
+.PHONY: setup run test lint bench clean
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)" || $(BIN)/pip install -q "torch>=2.1"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/bftrec-train $(ARGS)
+
+test: setup
+	$(BIN)/pytest -q $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check bftrec tests scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache

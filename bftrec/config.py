@@ -1,0 +1,101 @@
+"""Typed config schemas for the Hydra groups ``trainer`` and ``eval`` and the run root.
+
+Every yaml key is merged into one of these dataclasses with OmegaConf, so a misspelled key fails at
+start with the key's name (``validate``). The ``dataset`` group is checked against
+``bftrec.data.config.DatasetConfig``; ``model`` against the backbone's own ``Config`` dataclass
+(in its model file); ``layer`` against ``bftrec.layers.LAYER_CONFIGS``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+
+class ConfigError(ValueError):
+    """A one-line configuration error: names the key or value and the fix."""
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 200                 # maximum number of epochs
+    batch_size: int = 256             # users (sequences) per training step
+    optimizer: str = "adam"           # adam | adamw
+    lr: float = 1e-3                  # learning rate
+    weight_decay: float = 0.0         # decoupled for adamw, L2 for adam
+    grad_clip: float = 0.0            # max global grad norm; 0 = off
+    patience: int = 10                # early stopping: epochs without a better valid NDCG@10
+    eval_every: int = 1               # validate every this many epochs
+    select_metric: str = "NDCG@10"    # model selection metric on the validation split
+    device: str = "auto"              # auto | cpu | cuda | cuda:N
+    amp: bool = True                  # bf16 autocast on CUDA (ignored on CPU)
+    deterministic: bool = False       # torch.use_deterministic_algorithms + fixed seeds
+    num_threads: int = 0              # torch CPU threads; 0 = torch default
+    progress: bool = True             # tqdm progress bars
+    resume: Optional[str] = None      # run directory to resume from (reads its last.pt)
+    max_steps_per_epoch: int = 0      # cap on steps per epoch (0 = full epoch); for smoke runs
+
+
+@dataclass
+class EvalConfig:
+    ks: list = field(default_factory=lambda: [5, 10, 20])  # cut-offs K for HR@K and NDCG@K
+    protocol: str = "full"            # full | sampled100 (comparison with old papers only)
+    sampled_kind: str = "uniform"     # sampled100 negatives: uniform | popularity
+    n_negatives: int = 100            # negatives per user for the sampled protocol
+    sample_seed: int = 12345          # dedicated seed of the sampled protocol's generator
+    exclude_history: bool = True      # drop the user's history items from the candidates
+    repeat_target: str = "keep"       # keep | mask: a target that repeats a history item stays rankable, or is excluded (S3-Rec, HSTU repo)
+    batch_size: int = 1024            # users per scoring chunk (metrics do not depend on it)
+    n_bins: int = 5                   # item-frequency strata Q0 (rarest) .. Q{n-1}
+    bin_mode: str = "equal_items"     # equal_items | equal_interactions
+    cold_user_max_history: Optional[int] = None  # cold: history <= this; null = smallest length reaching cold_share
+    cold_share: float = 0.2           # target share of cold users for the default threshold
+    mechanism: bool = True            # BFT layers: aggregate K and initial precision by stratum
+
+
+@dataclass
+class RunConfig:
+    """The root of ``configs/train.yaml`` minus its groups."""
+
+    seed: int = 0                     # global seed (model init, batching, dropout)
+    data_root: Optional[str] = None   # real datasets; null = $BFTREC_DATA_ROOT
+    cache_dir: Optional[str] = None   # processed-array cache; null = $BFTREC_CACHE_DIR or ~/.cache/bftrec
+    out_root: str = "results/runs"    # run dirs go to <out_root>/<dataset>/<model>/<layer>/seed<k>_<time>
+    log_level: str = "INFO"
+
+
+_ROOT_GROUPS = ("dataset", "model", "layer", "trainer", "eval")
+
+
+def merge_schema(schema: type, node: Any, where: str) -> Any:
+    """Merge ``node`` into the dataclass ``schema``; return the typed object.
+
+    Raises:
+        ConfigError: one line naming the unknown or ill-typed key and the group, e.g.
+            ``unknown key 'trainer.epochz'; known keys: ...``.
+    """
+    base = OmegaConf.structured(schema)
+    try:
+        merged = OmegaConf.merge(base, node)
+    except ConfigKeyError as e:
+        key = getattr(e, "key", None) or str(e).splitlines()[0]
+        known = ", ".join(f.name for f in schema.__dataclass_fields__.values())
+        raise ConfigError(f"unknown key '{where}.{key}'; known keys in {where}: {known}") from None
+    except ValidationError as e:
+        raise ConfigError(f"bad value in {where}: {str(e).splitlines()[0]}") from None
+    return OmegaConf.to_object(merged)
+
+
+def validate_root(cfg: DictConfig) -> RunConfig:
+    """Check the root keys (everything except the groups) against ``RunConfig``."""
+    rest = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()
+            if k not in _ROOT_GROUPS and k != "hydra"}
+    return merge_schema(RunConfig, rest, "root")
+
+
+def check_choice(value: str, choices: tuple, key: str) -> None:
+    """Raise a one-line ConfigError when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(choices)}")

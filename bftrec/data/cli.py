@@ -1,0 +1,84 @@
+"""``bftrec-data``: list, inspect, prepare (cache) and download datasets.
+
+    bftrec-data list
+    bftrec-data stats <name> [--data-root D] [--cache-dir C]
+    bftrec-data prepare <name> [--data-root D] [--cache-dir C]
+    bftrec-data download <name> [--data-root D]
+
+Errors print one line on stderr and exit with status 2 (no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from bftrec.data.datasets import dataset_config, dataset_names, download, load_dataset
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bftrec-data", description=__doc__.split("\n")[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="list the dataset configs")
+    for name, text in (("stats", "print statistics and the preprocessing report"),
+                       ("prepare", "read and preprocess into the cache"),
+                       ("download", "download the raw file (where a url is known)")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("name", help="dataset name (configs/dataset/<name>.yaml)")
+        sp.add_argument("--data-root", default=None, help="data root (default: $BFTREC_DATA_ROOT)")
+        if name != "download":
+            sp.add_argument("--cache-dir", default=None,
+                            help="cache folder (default: $BFTREC_CACHE_DIR or ~/.cache/bftrec)")
+    return p
+
+
+def _list() -> None:
+    print(f"{'name':18s} {'format':11s} {'kcore':>5s}  path")
+    for name in dataset_names():
+        cfg = dataset_config(name)
+        print(f"{name:18s} {cfg.format:11s} {cfg.kcore:5d}  {cfg.path or '-'}")
+
+
+def _stats(name: str, data_root: Optional[str], cache_dir: Optional[str]) -> None:
+    data = load_dataset(dataset_config(name), data_root, cache_dir)
+    s = data.stats
+    tie = "n/a (no timestamps)" if s["tie_rate"] is None else f"{s['tie_rate']:.4f}"
+    print(f"dataset       {name}")
+    print(f"users         {s['users']:,}")
+    print(f"items         {s['items']:,}")
+    print(f"interactions  {s['interactions']:,}")
+    print(f"mean length   {s['mean_len']:.2f}")
+    print(f"tie rate      {tie}")
+    print("report        " + json.dumps(s, sort_keys=True))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``bftrec-data`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "list":
+            _list()
+        elif args.cmd == "stats":
+            _stats(args.name, args.data_root, args.cache_dir)
+        elif args.cmd == "prepare":
+            data = load_dataset(dataset_config(args.name), args.data_root, args.cache_dir)
+            where = "generated, not cached" if data.stats.get("source") is None else "cached"
+            print(f"{args.name}: {data.n_users:,} users, {data.n_items:,} items, "
+                  f"{len(data.items):,} interactions ({where})")
+        elif args.cmd == "download":
+            print(download(dataset_config(args.name), args.data_root))
+    except (ValueError, KeyError, OSError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        print(f"bftrec-data: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

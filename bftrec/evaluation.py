@@ -1,0 +1,161 @@
+"""Model + split -> per-user rank table (DESIGN.md "Evaluation protocol").
+
+Default protocol: **full ranking** over all N items, excluding the user's history items other than
+the target (``eval.exclude_history``). A target that repeats a history item stays rankable with
+``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec, HSTU repository), which counts
+as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over users (``eval.batch_size``),
+so memory stays bounded; results do not depend on the chunk size. Under torch.distributed each
+process scores users ``rank::world_size`` and the tables are gathered, so each user is scored once.
+
+The sampled protocol (``sampled100``) ranks the target among ``eval.n_negatives`` negatives drawn
+once per user by a dedicated seeded generator, uniformly or by training popularity, never from the
+user's history. It exists only to compare with old papers.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bftrec.config import EvalConfig, check_choice
+from bftrec.data.batches import Split, history_pairs, loo_split, windows
+from bftrec.metrics import ranks_from_scores
+
+log = logging.getLogger(__name__)
+
+RANK_COLUMNS = ["user", "target", "rank", "history_len", "target_count"]
+
+
+def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
+    """One-line errors for impossible evaluation settings."""
+    from bftrec.metrics import check_k
+
+    check_choice(cfg.protocol, ("full", "sampled100"), "eval.protocol")
+    check_choice(cfg.repeat_target, ("keep", "mask"), "eval.repeat_target")
+    check_choice(cfg.sampled_kind, ("uniform", "popularity"), "eval.sampled_kind")
+    check_choice(cfg.bin_mode, ("equal_items", "equal_interactions"), "eval.bin_mode")
+    n_cand = n_items if cfg.protocol == "full" else cfg.n_negatives + 1
+    check_k(list(cfg.ks), n_cand)
+
+
+def sample_candidates(items: np.ndarray, split: Split, n_items: int, cfg: EvalConfig,
+                      train_counts: np.ndarray) -> np.ndarray:
+    """(U, 1 + n_negatives) int64 fixed candidates per user, the target in column 0.
+
+    Negatives exclude the user's history and target; drawn with ``np.random.default_rng(sample_seed)``.
+    Raises ValueError when a user has fewer than ``n_negatives`` eligible items.
+    """
+    rng = np.random.default_rng(cfg.sample_seed)
+    k = cfg.n_negatives
+    p = None
+    if cfg.sampled_kind == "popularity":
+        w = train_counts[1: n_items + 1].astype(np.float64) + 1e-12
+        p = w / w.sum()
+    out = np.empty((len(split.users), 1 + k), dtype=np.int64)
+    out[:, 0] = split.targets
+    for r in range(len(split.users)):
+        seen = set(items[split.start[r]:split.end[r]].tolist())
+        seen.add(int(split.targets[r]))
+        if n_items - len(seen) < k:
+            raise ValueError(f"user {split.users[r]} has only {n_items - len(seen)} unseen items; "
+                             f"lower eval.n_negatives={k}")
+        chosen: list[int] = []
+        while len(chosen) < k:
+            draw = rng.choice(n_items, size=2 * k, p=p) + 1
+            for it in draw.tolist():
+                if it not in seen:
+                    seen.add(it)
+                    chosen.append(it)
+                    if len(chosen) == k:
+                        break
+        out[r, 1:] = chosen
+    return out
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Optional[np.ndarray],
+               which: str, n_items: int, max_len: int, train_counts: np.ndarray, cfg: EvalConfig,
+               device: torch.device, amp: bool = False, mech_sink: Optional[list] = None) -> pd.DataFrame:
+    """Score every user of split ``which`` and return the rank table.
+
+    Args:
+        model: a backbone (``score_items``); put in eval mode here.
+        items, offsets, timestamps: the preprocessed sequences (``SeqData``).
+        which: ``valid`` or ``test``.
+        n_items: N.
+        max_len: history window length L handed to the model.
+        train_counts: (N + 1,) int64 training counts (``target_count`` column, popularity sampling).
+        cfg: evaluation settings.
+        mech_sink: if a list is given and the model has BFT layers, per-chunk mechanism dicts
+            (with the chunk's item windows and users) are appended to it.
+    Returns:
+        DataFrame with columns user, target, rank, history_len, target_count; one row per user,
+        sorted by user.
+    Raises:
+        ValueError: a non-finite model score (never silently ranked).
+    """
+    check_eval_config(cfg, n_items)
+    split = loo_split(items, offsets, which)
+    rank, world = _dist()
+    split = split.subset(np.arange(rank, len(split.users), world))
+    cands = (sample_candidates(items, split, n_items, cfg, train_counts)
+             if cfg.protocol == "sampled100" else None)
+    was_training = model.training
+    model.eval()
+    out = []
+    for lo in range(0, len(split.users), cfg.batch_size):
+        sl = slice(lo, lo + cfg.batch_size)
+        part = split.subset(np.arange(len(split.users))[sl])
+        x = torch.from_numpy(windows(items, part.start, part.end, max_len)).to(device)  # (B, L)
+        batch = {"item_seq": x}
+        if timestamps is not None:
+            batch["time"] = torch.from_numpy(windows(timestamps, part.start, part.end, max_len)).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
+            scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
+        bad = ~torch.isfinite(scores[:, 1:])
+        if bad.any():
+            r, c = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(f"non-finite score {scores[r, c + 1].item()} for user {part.users[r]}, item {c + 1}: "
+                             f"the model diverged; lower trainer.lr or check the data")
+        tgt = torch.from_numpy(part.targets).to(device)
+        miss = np.zeros(len(part.users), dtype=bool)
+        if cfg.exclude_history:
+            rows, cols = history_pairs(items, part.start, part.end)
+            is_repeat = cols == part.targets[rows]
+            miss[np.unique(rows[is_repeat])] = cfg.repeat_target == "mask"
+            if cfg.repeat_target == "keep":
+                rows, cols = rows[~is_repeat], cols[~is_repeat]
+            rows_t, cols_t = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
+            target_score = scores.gather(1, tgt[:, None]).clone()
+            scores[rows_t, cols_t] = float("-inf")
+            scores.scatter_(1, tgt[:, None], target_score)  # masked repeats are counted as misses below
+        if cands is not None:
+            c = torch.from_numpy(cands[sl]).to(device)
+            r = ranks_from_scores(scores.gather(1, c), torch.zeros(len(c), dtype=torch.long, device=device))
+        else:
+            r = ranks_from_scores(scores, tgt)
+        r = r.cpu().numpy()
+        r[miss] = n_items + 1
+        out.append(pd.DataFrame({"user": part.users, "target": part.targets, "rank": r,
+                                 "history_len": part.history_len,
+                                 "target_count": train_counts[part.targets]}))
+        if mech_sink is not None:
+            mech = model.mechanism(batch)
+            if mech:
+                mech_sink.append({"mech": mech, "item_seq": x, "users": part.users})
+    model.train(was_training)
+    table = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=RANK_COLUMNS)
+    if world > 1:
+        parts = [None] * world
+        torch.distributed.all_gather_object(parts, table)
+        table = pd.concat(parts, ignore_index=True)
+    return table.sort_values("user", kind="stable").reset_index(drop=True)[RANK_COLUMNS]

@@ -1,0 +1,575 @@
+"""The Bayesian Filtering Transformer layer (``layer=bft``), as specified in ``/work/shared/docs/BFT.md``.
+
+Source: Long et al., "Precision Tracked Transformer via Kalman Filtering, Kriging and Process Noise"
+(arXiv 2605.18832, 2026). Labels follow BFT.md: **[paper]** = stated by the paper's summary,
+**[bftrec]** = our completion. The pure formulas live in ``bftrec.layers.precision``; this file holds
+the config, the initial precision τ, the stack that carries ``(h, λ)`` and the per-backbone block
+variants.
+
+Structure (how to add a backbone's BFT variant)::
+
+    @register_variant(NativeBlock)              # key = NativeBlock.__name__
+    class BFTNativeBlock(BFTBlockMixin, NativeBlock):
+        def __init__(self, *native_args, bft_cfg, **native_kwargs):
+            super().__init__(*native_args, **native_kwargs)
+            self.init_bft(width=D, n_heads=H, bft_cfg=bft_cfg)
+        def forward(self, h, lam, masks, run=LayerRun(), **ctx) -> (h, lam | None, stats)
+
+A variant subclasses the native block, so parameter names and shapes are the native ones and a
+standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT extras ``theta_q``,
+``s0sq``, ``s0sq_ready`` per block and the stack's τ). Post-LN (BERT4Rec) adds
+``precision.layernorm_precision`` after each residual and ``precision.ffn_jacobian_diag`` (no LN
+term); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4).
+
+The BFT extras live where backbone initialisers do not reach: ``theta_q`` and the τ table are plain
+``nn.Parameter``s (not ``nn.Linear``/``nn.Embedding``), and τ sits on the stack, not in ``blocks``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bftrec.config import ConfigError, check_choice
+from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
+from bftrec.layers.precision import (
+    kalman_update,
+    kish_sums,
+    kriging_bias,
+    kriging_moments,
+    output_precision,
+    predict_precision,
+    prenorm_ffn_jacobian_diag,
+    prior_statistic,
+    reml_shrinkage,
+)
+from bftrec.models.sasrec import SASRecBlock
+from bftrec.registry import Registry
+
+log = logging.getLogger(__name__)
+
+TAU_KINDS = ("item", "mlp")
+TAU_SCALES = ("embedding", "unit")
+PRECISION_MODES = ("learned", "uniform")
+
+
+# --------------------------------------------------------------------------------------------------
+# Config (configs/layer/bft.yaml; keys read like BFT.md)
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class TauConfig:
+    """Initial precision ``λ⁰ = exp(τ)`` (BFT.md §0)."""
+
+    kind: str = "item"          # item: learned table (n_tokens, dims) [paper]; mlp: τ₀ + MLP(embedded input) [paper]
+    scale: str = "embedding"    # embedding: τ₀ = log(1/v₀) [bftrec]; unit: τ₀ = 0
+    dims: int = 1               # 1 (broadcast over D) or D (one τ per coordinate)
+    freq_slope: float = 0.0     # adds slope·(log(1+count) − mean) to the starting τ [bftrec]
+    mlp_hidden: int = 16        # hidden width of the τ MLP (kind=mlp)
+
+
+@dataclass
+class BFTParams:
+    """Filtering settings (BFT.md §1–§3)."""
+
+    precision: str = "learned"          # learned | uniform (zero attention bias and K=1; λ still computed)
+    prior_dof: float = 1.0              # ν₀ of the scaled-inverse-χ² prior, > 0, not learned
+    s0_momentum: float = 0.01           # EMA momentum of the s₀² buffers, in (0, 1]
+    detach_precision_grad: bool = False  # stop gradients from precision into activations and block weights
+    q_init_ratio: float = 0.1           # Q starts at q_init_ratio / mean λ⁰
+    clamp_min: float = 1e-8             # guard clamps on precisions and variances (valid positions only)
+    clamp_max: float = 1e8
+
+
+@dataclass
+class BFTLayerConfig:
+    name: str = "bft"
+    tau: TauConfig = field(default_factory=TauConfig)
+    bft: BFTParams = field(default_factory=BFTParams)
+
+
+LAYER_CONFIGS["bft"] = BFTLayerConfig
+
+
+def check_bft_config(cfg: BFTLayerConfig, d_model: Optional[int] = None) -> None:
+    """Validate a BFT layer config; raise a one-line ``ConfigError`` naming key, value and valid choices."""
+    t, b = cfg.tau, cfg.bft
+    check_choice(t.kind, TAU_KINDS, "layer.tau.kind")
+    check_choice(t.scale, TAU_SCALES, "layer.tau.scale")
+    check_choice(b.precision, PRECISION_MODES, "layer.bft.precision")
+    if not b.prior_dof > 0:
+        raise ConfigError(f"layer.bft.prior_dof={b.prior_dof} is not valid; it must be > 0 (ν₀, e.g. 1)")
+    if not 0.0 < b.s0_momentum <= 1.0:
+        raise ConfigError(f"layer.bft.s0_momentum={b.s0_momentum} is not valid; it must be in (0, 1]")
+    if not b.q_init_ratio > 0:
+        raise ConfigError(f"layer.bft.q_init_ratio={b.q_init_ratio} is not valid; it must be > 0")
+    if not 0.0 < b.clamp_min < b.clamp_max:
+        raise ConfigError(f"layer.bft.clamp_min={b.clamp_min}, layer.bft.clamp_max={b.clamp_max} are not valid; "
+                          f"need 0 < clamp_min < clamp_max")
+    if t.mlp_hidden < 1:
+        raise ConfigError(f"layer.tau.mlp_hidden={t.mlp_hidden} is not valid; it must be >= 1")
+    if d_model is not None and t.dims not in (1, d_model):
+        raise ConfigError(f"layer.tau.dims={t.dims} is not valid; choose 1 or {d_model} (= the model width D)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Initial precision τ (BFT.md §0)
+# --------------------------------------------------------------------------------------------------
+def starting_tau(cfg: TauConfig, n_tokens: int, precision_ctx: dict) -> torch.Tensor:
+    """Starting log-precision per token id [bftrec] (BFT.md §0, "Scale" and ``tau.freq_slope``).
+
+    ``τ₀ = log(1/v₀)`` (``tau.scale=embedding``, ``v₀ = precision_ctx["input_variance"]``) or 0
+    (``unit``), plus ``slope · (log(1+count) − mean over real items)`` with training counts
+    ``precision_ctx["train_counts"]`` ((N+1,) int64; ids beyond it, the specials, count as offset 0).
+
+    Returns:
+        (n_tokens,) float32.
+    Raises:
+        ConfigError: the backbone did not provide what the setting needs.
+    """
+    if cfg.scale == "embedding":
+        v0 = precision_ctx.get("input_variance")
+        if v0 is None or not (math.isfinite(float(v0)) and float(v0) > 0):
+            raise ConfigError(f"layer.tau.scale=embedding needs a positive input_variance from the backbone "
+                              f"(got {v0!r}); use layer.tau.scale=unit")
+        tau0 = math.log(1.0 / float(v0))
+    else:
+        tau0 = 0.0
+    tau = torch.full((n_tokens,), tau0, dtype=torch.float32)
+    if cfg.freq_slope != 0.0:
+        counts = precision_ctx.get("train_counts")
+        if counts is None:
+            raise ConfigError(f"layer.tau.freq_slope={cfg.freq_slope} needs training counts from the backbone; "
+                              f"use layer.tau.freq_slope=0")
+        c = torch.as_tensor(np.asarray(counts), dtype=torch.float64)[:n_tokens]  # (N+1,)
+        logc = torch.log1p(c[1:])  # real items 1..N
+        off = torch.zeros(n_tokens, dtype=torch.float64)
+        off[1:len(c)] = cfg.freq_slope * (logc - logc.mean())  # specials and padding keep offset 0
+        tau = tau + off.float()
+    return tau
+
+
+class InitialPrecision(nn.Module):
+    """``λ⁰_t = exp(τ_{x_t})`` [paper] (BFT.md §0).
+
+    ``tau.kind=item``: a learned table ``tau`` of shape (n_tokens, dims); ``n_tokens`` includes the
+    padding id 0 (its row is unused: padding is λ=0 through the mask) and every special token (such as
+    BERT4Rec's ``[MASK]``), which therefore has its own learned τ.
+
+    ``tau.kind=mlp``: ``τ = τ_start[x] + MLP(e)`` with hidden ``tau.mlp_hidden`` (GELU) and the last
+    layer zero at start. [bftrec] The stack does not see the item embedding, so ``e`` is the embedded
+    layer-0 input ``h`` (item plus position embedding, after embedding dropout), unless the backbone
+    passes ``tau_input=`` (B, L, D) to the stack. ``τ_start`` (a buffer) holds τ₀ and the fixed
+    ``freq_slope`` offset.
+
+    All parameters are plain ``nn.Parameter``s so that backbone initialisers (which re-init
+    ``nn.Linear`` / ``nn.Embedding``) never touch them.
+    """
+
+    def __init__(self, cfg: TauConfig, n_tokens: int, d_model: int, tau_start: torch.Tensor) -> None:
+        super().__init__()
+        self.kind, self.dims = cfg.kind, cfg.dims
+        if cfg.kind == "item":
+            self.tau = nn.Parameter(tau_start[:, None].repeat(1, cfg.dims).float())  # (n_tokens, dims)
+        else:
+            self.register_buffer("tau_start", tau_start.float())  # (n_tokens,)
+            hid = cfg.mlp_hidden
+            bound = 1.0 / math.sqrt(d_model)  # nn.Linear's default init for the first layer
+            self.mlp_w1 = nn.Parameter(torch.empty(hid, d_model).uniform_(-bound, bound))  # (hid, D)
+            self.mlp_b1 = nn.Parameter(torch.empty(hid).uniform_(-bound, bound))  # (hid,)
+            self.mlp_w2 = nn.Parameter(torch.zeros(cfg.dims, hid))  # (dims, hid), zero at start
+            self.mlp_b2 = nn.Parameter(torch.zeros(cfg.dims))  # (dims,)
+
+    def start_values(self) -> torch.Tensor:
+        """(n_tokens,) float32 τ at start (item: the table's current mean over dims)."""
+        return (self.tau.mean(1) if self.kind == "item" else self.tau_start).detach()
+
+    def forward(self, items: torch.Tensor, emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """items (B, L) int64 [, emb (B, L, D)] -> τ (B, L, dims) float32 (log-precision)."""
+        if self.kind == "item":
+            return F.embedding(items, self.tau).float()  # (B, L, dims)
+        if emb is None:
+            raise ValueError("tau.kind=mlp needs the embedded input")
+        hid = F.gelu(F.linear(emb.float(), self.mlp_w1.float(), self.mlp_b1.float()))  # (B, L, hid)
+        return self.tau_start[items][..., None] + F.linear(hid, self.mlp_w2, self.mlp_b2)  # (B, L, dims)
+
+
+# --------------------------------------------------------------------------------------------------
+# Blocks
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class LayerRun:
+    """What the stack asks of one block forward.
+
+    Attributes:
+        calibrate: set ``s₀²`` from this forward before using it (``BFTStack.calibration``).
+        need_lam: compute the predicted precision ``λ''`` (the stack skips it for the last layer of a
+            plain forward, where nothing consumes it).
+        want_stats: return per-position mechanism statistics (BFT.md §6).
+        probe: a dict to record min/max of every clamped quantity on valid positions, or None.
+    """
+
+    calibrate: bool = False
+    need_lam: bool = True
+    want_stats: bool = False
+    probe: Optional[dict] = None
+
+
+def _fp32(device_type: str):
+    """Autocast off: every precision quantity is computed in float32 (BFT.md "Notation")."""
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+def _record(probe: Optional[dict], name: str, x: torch.Tensor, valid: torch.Tensor) -> None:
+    """Append min/max of ``x`` (B, T, D) over valid positions to ``probe[name]``."""
+    if probe is None:
+        return
+    vals = x.detach()[valid]  # (P, D)
+    if vals.numel():
+        probe.setdefault(name, []).append((float(vals.min()), float(vals.max())))
+
+
+class BFTBlockMixin:
+    """The precision state every BFT block carries [bftrec] (BFT.md §1, §3).
+
+    - ``theta_q`` (D,) parameter: ``Q = exp(θ_Q)`` per coordinate, learned (BFT.md §3).
+    - ``s0sq`` (D,) float32 buffer: prior scale ``s₀²`` per value coordinate (heads concatenated).
+    - ``s0sq_ready`` () bool buffer: ``s₀²`` was calibrated or set from a first training batch.
+
+    ``s₀²`` semantics (BFT.md §1): a forward uses the value the buffer held before it; the stack
+    updates it after the forward, in training only, with no gradient (``update_prior``).
+    """
+
+    def init_bft(self, width: int, n_heads: int, bft_cfg: BFTParams) -> None:
+        self.width, self.n_heads_bft, self.bft_cfg = width, n_heads, bft_cfg
+        self.theta_q = nn.Parameter(torch.zeros(width))  # (D,), set by the builder
+        self.register_buffer("s0sq", torch.ones(width))  # (D,)
+        self.register_buffer("s0sq_ready", torch.tensor(False))
+
+    def process_noise(self) -> torch.Tensor:
+        """Q = exp(θ_Q), (D,) float32 (BFT.md §3)."""
+        return self.theta_q.float().exp()
+
+    @torch.no_grad()
+    def set_prior(self, total: torch.Tensor, count: torch.Tensor) -> None:
+        """Set ``s₀²`` to the batch mean of the REML variance (calibration), per head where count > 0.
+
+        Args: total (H, d) float, count (H,) float from ``precision.prior_statistic``.
+        """
+        mean, has = self._prior_mean(total, count)
+        self.s0sq.copy_(torch.where(has, mean, self.s0sq.float()).to(self.s0sq.dtype))
+        self.s0sq_ready.fill_(bool(has.any()))
+
+    @torch.no_grad()
+    def update_prior(self, total: torch.Tensor, count: torch.Tensor) -> None:
+        """EMA update of ``s₀²`` after a training forward (momentum ``bft.s0_momentum``) (BFT.md §1).
+
+        If the buffer was never calibrated, the first update sets it directly (logged once).
+        """
+        if not bool(self.s0sq_ready):
+            log.warning("BFT s0^2 was not calibrated before training; set from the first training batch "
+                        "(call model.calibrate(batch) before the first step)")
+            self.set_prior(total, count)
+            return
+        mean, has = self._prior_mean(total, count)
+        mom = self.bft_cfg.s0_momentum
+        new = (1.0 - mom) * self.s0sq.float() + mom * mean
+        self.s0sq.copy_(torch.where(has, new, self.s0sq.float()).to(self.s0sq.dtype))
+
+    def _prior_mean(self, total: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H, d) total, (H,) count -> (D,) mean and (D,) bool where defined."""
+        d = total.shape[-1]
+        mean = (total / count.clamp_min(1.0)[:, None]).reshape(-1)  # (H, d) -> (D,)
+        has = (count > 0)[:, None].expand(-1, d).reshape(-1)  # (H,) -> (D,)
+        return mean.float(), has
+
+
+def _stats(K: torch.Tensor, lam_obs: torch.Tensor, a2: torch.Tensor, ok: torch.Tensor) -> dict:
+    """Mechanism statistics (BFT.md §6), detached: K, λ^obs mean over D; Kish n mean over heads.
+
+    K, lam_obs (B, T, D); a2 (B, H, T); ok (B, 1|H, T) -> dict of (B, T) float32.
+    """
+    n = torch.where(ok, 1.0 / torch.where(ok, a2, torch.ones_like(a2)), torch.zeros_like(a2))  # (B, H, T)
+    return {"K": K.detach().float().mean(-1), "lam_obs": lam_obs.detach().float().mean(-1),
+            "n_eff": n.detach().float().mean(1)}
+
+
+# name of the native block class -> its BFT variant
+BFT_VARIANTS: Registry = Registry("BFT block")
+
+
+def register_variant(native_cls: type):
+    """Register a BFT block for ``native_cls`` (key: the native class name). It must subclass it."""
+    def deco(bft_cls: type) -> type:
+        if not issubclass(bft_cls, native_cls):
+            raise TypeError(f"{bft_cls.__name__} must subclass {native_cls.__name__}")
+        BFT_VARIANTS.register(native_cls.__name__)(bft_cls)
+        return bft_cls
+    return deco
+
+
+@register_variant(SASRecBlock)
+class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
+    """BFT twin of the pre-LN ``SASRecBlock``: one filtering cycle observe → update → predict (BFT.md §1–§3).
+
+    Same parameters as the native block (``ln1``, ``attn.qkv``, ``attn.out``, ``ln2``, ``ffn.w1``,
+    ``ffn.w2``) plus ``theta_q`` and the ``s0sq`` buffers. Forward::
+
+        x = LN1(h); q, k, v = heads(x)
+        α̃ = masked_softmax(q kᵀ/√d + log λ̄_key)                     # kriging weights [paper]
+        m, S = α̃ @ [v, v⊙v] (expanded square); n from Σα̃², Σα̃(1−α̃)  # [paper; form bftrec]
+        Var(m) = σ²/n, σ² = (ν₀s₀² + nS)/(ν₀ + n − 1)                # REML + inv-χ² [paper; form bftrec]
+        λ^obs = 1 / ((W_O⊙W_O) Var(m))                               # delta method [paper]
+        K = λ^obs/(λ + λ^obs); h' = h + K⊙drop(W_O drop(α̃) v); λ' = λ + λ^obs   # [paper]
+        h'' = h' + drop(FFN(LN2 h')); λ'' = ((1+J)²/λ' + Q)⁻¹         # [paper]; J exact [bftrec]
+
+    ``bft.precision=uniform``: zero attention bias and K = 1 on valid positions (λ is still computed),
+    so the block equals the native one (BFT.md §5.1).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float, *,
+                 bft_cfg: BFTParams) -> None:
+        super().__init__(d_model, n_heads, d_ff, dropout, attn_dropout)
+        if not isinstance(self.ffn.act, nn.GELU):
+            raise TypeError("BFTSASRecBlock's Jacobian needs a GELU FFN")
+        self.init_bft(d_model, n_heads, bft_cfg)
+
+    def forward(self, h: torch.Tensor, lam: torch.Tensor, masks: Masks, run: Optional[LayerRun] = None,
+                **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """One filtering cycle.
+
+        Args:
+            h: (B, T, D) float hidden state (float32 residual stream, also under autocast).
+            lam: (B, T, D) float32 precision λ, 0 on padding.
+            masks: ``Masks`` (attn (B, 1, T, T) bool, valid (B, T) bool; True = may attend / real).
+            run: ``LayerRun`` flags from the stack.
+        Returns:
+            h'' (B, T, D); λ'' (B, T, D) float32 or None when ``run.need_lam`` is False; stats dict with
+            ``prior`` ((H, d) total, (H,) count) in training, ``K``/``lam_obs``/``n_eff`` (B, T) float32
+            when ``run.want_stats``.
+        """
+        run = run or LayerRun()
+        cfg = self.bft_cfg
+        lo, hi = cfg.clamp_min, cfg.clamp_max
+        learned, detach = cfg.precision == "learned", cfg.detach_precision_grad
+        valid = masks.valid  # (B, T)
+        B, T, D = h.shape
+        H = self.attn.n_heads
+        d = D // H
+        dev = h.device.type
+        s0sq = self.s0sq.detach().float().clone().view(H, d)  # value before this forward; (D,) -> (H, d)
+        stats: dict = {}
+        _record(run.probe, "lam", lam, valid)
+
+        # ---- observe: kriging attention (BFT.md §1)
+        q, k, v = self.attn.heads(self.ln1(h))  # (B, H, T, d) each
+        logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
+        allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
+        ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
+        with _fp32(dev):
+            logits = logits.float()
+            if learned:
+                logits = logits + kriging_bias(lam, valid, lo, hi)  # + (B, 1, 1, T)
+            alpha = masked_softmax(logits, allowed)  # (B, H, T, T) float32, empty rows all 0
+            a_p, v_p = (alpha.detach(), v.detach()) if detach else (alpha, v)
+            m_u, S = kriging_moments(a_p, v_p.float())  # (B, H, T, d) each, undropped weights
+            a2, b = kish_sums(a_p)  # (B, H, T) each
+            if run.calibrate:
+                self.set_prior(*prior_statistic(S.detach(), a2.detach(), b.detach(), ok))
+                s0sq = self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
+            elif self.training:
+                with torch.no_grad():
+                    stats["prior"] = prior_statistic(S.detach(), a2.detach(), b.detach(), ok)
+            var_m = reml_shrinkage(S, a2, b, s0sq, cfg.prior_dof, ok)  # (B, H, T, d)
+            var_m = var_m.transpose(1, 2).reshape(B, T, D)  # (B, H, T, d) -> (B, T, D), heads concatenated
+            w_o = self.attn.out.weight.float()
+            lam_obs = output_precision(var_m, w_o.detach() if detach else w_o, valid & ok[:, 0], lo, hi)
+        _record(run.probe, "lam_obs", lam_obs, valid)
+        if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
+            m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
+        else:
+            m = m_u  # eval / no attention dropout: the kriging mean is the value path
+        o = self.attn.out(m.transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D) -> (B, T, D)
+
+        # ---- update: residual as a Kalman update (BFT.md §2)
+        gain = None if learned else valid[..., None].float()  # uniform: K = 1 (0 on padding)
+        h1, lam1, K = kalman_update(h, self.drop(o), lam, lam_obs, valid, gain, hi)
+        _record(run.probe, "lam1", lam1, valid)
+
+        # ---- predict: FFN as dynamics with process noise (BFT.md §3)
+        z = self.ffn.w1(self.ln2(h1))  # (B, T, F)
+        h2 = h1 + self.drop(self.ffn.w2(self.ffn.act(z)))
+        lam2 = None
+        if run.need_lam:
+            with _fp32(dev):
+                ln, f1, f2 = self.ln2, self.ffn.w1, self.ffn.w2
+                prm = [ln.weight, ln.bias, f1.weight, f1.bias, f2.weight]
+                prm = [p.detach().float() if detach else p.float() for p in prm]
+                x32 = h1.detach().float() if detach else h1.float()
+                z32 = None if z.dtype != torch.float32 else (z.detach() if detach else z)  # AMP: recompute in fp32
+                J = prenorm_ffn_jacobian_diag(x32, prm[0], prm[1], ln.eps, prm[2], prm[3], prm[4],
+                                              self.ffn.act.approximate, z=z32)  # (B, T, D)
+                lam2 = predict_precision(lam1, J, self.process_noise(), valid, lo, hi)
+            _record(run.probe, "lam2", lam2, valid)
+        if run.want_stats:
+            stats.update(_stats(K.expand(B, T, D), lam_obs, a2, ok))
+        return h2, lam2, stats
+
+
+def bft_variant_for(block_cls: type) -> type:
+    """The BFT variant registered for a native block class.
+
+    Raises:
+        ConfigError: ``layer=bft is not available for <Block>; BFT variants exist for: ...``.
+    """
+    name = block_cls.__name__
+    if name not in BFT_VARIANTS or not issubclass(BFT_VARIANTS.get(name), block_cls):
+        raise ConfigError(f"layer=bft is not available for {name}; BFT variants exist for: "
+                          f"{', '.join(BFT_VARIANTS.names())}")
+    return BFT_VARIANTS.get(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stack
+# --------------------------------------------------------------------------------------------------
+class BFTStack(nn.Module):
+    """A stack of BFT blocks carrying ``(h, λ)`` from layer to layer (BFT.md "Notation", §0–§3, §6).
+
+    ``forward(h, items, masks, mech=None, **ctx) -> h``, the same signature as the standard ``Stack``.
+
+    Attributes:
+        blocks: ``nn.ModuleList`` of BFT blocks (the backbone may re-initialise their native weights).
+        tau: ``InitialPrecision`` (τ), outside ``blocks``.
+        probe: None, or a dict that forwards fill with per-layer min/max of every clamped quantity on
+            valid positions (``lam``, ``lam_obs``, ``lam1``, ``lam2``: lists of (min, max)); for tests
+            and diagnostics of the "clamps never bind" requirement (BFT.md "Notation").
+    """
+
+    def __init__(self, blocks: list[nn.Module], tau: InitialPrecision, cfg: BFTLayerConfig) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.tau = tau
+        self.cfg = cfg
+        self.probe: Optional[dict] = None
+        self._calibrating = False
+
+    @property
+    def width(self) -> int:
+        return self.blocks[0].width
+
+    def initial_precision(self, items: torch.Tensor, valid: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """λ⁰ (BFT.md §0): (B, L) int64 items, (B, L) bool, (B, L, D) embedded input -> (B, L, D) float32.
+
+        ``exp(clamp(τ))`` on valid positions, exactly 0 on padding. Positions add no precision.
+        """
+        lo, hi = self.cfg.bft.clamp_min, self.cfg.bft.clamp_max
+        if self.cfg.bft.detach_precision_grad:
+            emb = emb.detach()
+        tau = self.tau(items, emb if self.tau.kind == "mlp" else None)  # (B, L, dims)
+        lam0 = tau.clamp(math.log(lo), math.log(hi)).exp() * valid[..., None]  # (B, L, dims)
+        return lam0.expand(*items.shape, self.width)  # (B, L, dims) -> (B, L, D)
+
+    def forward(self, h: torch.Tensor, items: torch.Tensor, masks: Masks, mech: Optional[dict] = None,
+                **ctx) -> torch.Tensor:
+        """h (B, L, D), items (B, L) int64, masks -> h (B, L, D). Fills ``mech`` when it is a dict."""
+        return self.run(h, items, masks, mech=mech, need_lam=mech is not None, **ctx)[0]
+
+    def forward_with_precision(self, h: torch.Tensor, items: torch.Tensor, masks: Masks,
+                               mech: Optional[dict] = None, **ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``forward`` but also returns the final precision λ (B, L, D) float32 (0 on padding)."""
+        return self.run(h, items, masks, mech=mech, need_lam=True, **ctx)
+
+    def run(self, h: torch.Tensor, items: torch.Tensor, masks: Masks, mech: Optional[dict], need_lam: bool,
+            **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Carry ``(h, λ)`` through the blocks; update ``s₀²`` afterwards in training (BFT.md §1).
+
+        ``mech`` (if a dict) receives, in the format of ``bftrec.mechanism``: ``lam0`` (B, L) float32
+        (λ⁰ mean over D, 0 on padding) and ``layers``: per layer ``K``, ``lam_obs`` (B, L) float32 means
+        over D, ``n_eff`` (B, L) float32 Kish n mean over heads (0 on padding), ``Q`` (D,) float32.
+        """
+        valid = masks.valid  # (B, L)
+        emb = ctx.pop("tau_input", h)
+        lam = self.initial_precision(items, valid, emb)  # (B, L, D) float32
+        want = mech is not None or self._calibrating
+        if mech is not None:
+            mech["lam0"] = lam.detach().mean(-1)  # (B, L)
+            mech["layers"] = []
+        pending, n = [], len(self.blocks)
+        for i, block in enumerate(self.blocks):
+            flags = LayerRun(calibrate=self._calibrating, need_lam=need_lam or i < n - 1, want_stats=want,
+                             probe=self.probe)
+            h, lam, stats = block(h, lam, masks, run=flags, **ctx)
+            if "prior" in stats:
+                pending.append((block, stats["prior"]))
+            if mech is not None:
+                mech["layers"].append({"K": stats["K"], "lam_obs": stats["lam_obs"], "n_eff": stats["n_eff"],
+                                       "Q": block.process_noise().detach()})
+            if self._calibrating:
+                k = float(stats["K"][valid].mean()) if valid.any() else float("nan")
+                log.info("BFT calibration layer %d: mean s0^2 %.4g, mean K %.4f", i, float(block.s0sq.mean()), k)
+        if self.training and not self._calibrating:
+            for block, (total, count) in pending:  # after the forward: this batch never sees its own update
+                block.update_prior(total, count)
+        return h, lam
+
+    @contextlib.contextmanager
+    def calibration(self) -> Iterator[None]:
+        """Forwards under this context set each layer's ``s₀²`` from the batch, layer by layer (BFT.md §1).
+
+        Use once, with no grad, on one training batch before the first step (``SeqRecModel.calibrate``).
+        Layer ``l`` is calibrated on the states produced by the already calibrated layers ``< l``.
+        """
+        prev, self._calibrating = self._calibrating, True
+        try:
+            yield
+        finally:
+            self._calibrating = prev
+
+
+# --------------------------------------------------------------------------------------------------
+# Builder (the single swap point, bftrec.layers.build_stack)
+# --------------------------------------------------------------------------------------------------
+def bft_overhead(cfg: BFTLayerConfig, n_tokens: int, n_layers: int, d_model: int) -> int:
+    """Parameters BFT adds to a backbone (BFT.md §0 "Report the parameter overhead")."""
+    t = cfg.tau
+    tau = n_tokens * t.dims if t.kind == "item" else t.mlp_hidden * (d_model + 1) + t.dims * (t.mlp_hidden + 1)
+    return tau + n_layers * d_model
+
+
+@LAYER_BUILDERS.register("bft")
+def build_bft_stack(layer_cfg: BFTLayerConfig, block_cls: type, n_layers: int, n_tokens: int, block_kwargs: dict,
+                    precision_ctx: dict) -> BFTStack:
+    """Build a ``BFTStack`` of the BFT variant of ``block_cls`` (see ``bftrec.layers.build_stack``).
+
+    Sets ``Q = q_init_ratio / mean λ⁰`` in every layer and coordinate (BFT.md §0 "Process noise"),
+    with the mean of the starting λ⁰ over all non-padding token ids.
+
+    Raises:
+        ConfigError: a bad config value, or no BFT variant for ``block_cls``.
+    """
+    check_bft_config(layer_cfg)
+    variant = bft_variant_for(block_cls)
+    blocks = [variant(**block_kwargs, bft_cfg=layer_cfg.bft) for _ in range(n_layers)]
+    D = blocks[0].width
+    check_bft_config(layer_cfg, D)
+    tau = InitialPrecision(layer_cfg.tau, n_tokens, D, starting_tau(layer_cfg.tau, n_tokens, precision_ctx))
+    lam0_mean = float(tau.start_values()[1:].exp().mean())
+    q0 = layer_cfg.bft.q_init_ratio / lam0_mean
+    with torch.no_grad():
+        for blk in blocks:
+            blk.theta_q.fill_(math.log(q0))
+    log.info("BFT stack: %d x %s, tau=%s/%s dims %d, mean lambda0 %.4g, Q0 %.4g, +%d parameters",
+             n_layers, variant.__name__, layer_cfg.tau.kind, layer_cfg.tau.scale, layer_cfg.tau.dims, lam0_mean,
+             q0, bft_overhead(layer_cfg, n_tokens, n_layers, D))
+    return BFTStack(blocks, tau, layer_cfg)
+
+
+__all__ = ["TauConfig", "BFTParams", "BFTLayerConfig", "check_bft_config", "starting_tau", "InitialPrecision",
+           "LayerRun", "BFTBlockMixin", "BFT_VARIANTS", "register_variant", "BFTSASRecBlock", "bft_variant_for",
+           "BFTStack", "bft_overhead", "build_bft_stack"]

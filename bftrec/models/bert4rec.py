@@ -1,0 +1,292 @@
+"""BERT4Rec: bidirectional Transformer trained with a cloze (masked item) objective.
+
+Paper: F. Sun, J. Liu, J. Wu, C. Pei, X. Lin, W. Ou and P. Jiang, "BERT4Rec: Sequential
+Recommendation with Bidirectional Encoder Representations from Transformer", CIKM 2019.
+Reference code: github.com/FeiSun/BERT4Rec (TensorFlow).
+
+Item and learned position embeddings, an embedding LayerNorm, post-LN bidirectional Transformer
+blocks (BERT), an output head ``GELU(W h + b) -> LayerNorm`` and an output layer tied to the item
+embeddings with a per-item bias. Token ids: ``0`` padding, ``1..N`` items, ``N + 1`` = ``[MASK]``.
+The stack is built through the single swap point ``bftrec.layers.build_stack`` over ``N + 2``
+tokens, so ``layer=bft`` gives the BFT twin of the same block (BFT.md; post-LN rule of §2/§3).
+
+Training (cloze): on the most recent ``max_len`` training items ``batch["seq"][:, 1:]``, every
+non-padding item is replaced by ``[MASK]`` with probability ``mask_prob`` (at least one per
+sequence); a share ``last_item_mask_share`` of the sequences instead masks *only the last item*,
+which is exactly the prediction task at test time. The loss covers the masked positions only.
+Scoring: the most recent ``max_len - 1`` history items followed by ``[MASK]``; the scores are read
+at the ``[MASK]`` position.
+
+Deviations from the paper / reference implementation:
+- Masked items are always replaced by ``[MASK]``; the reference also uses only ``[MASK]`` (it drops
+  BERT's 80/10/10 random/keep replacement), so this matches the code, not BERT.
+- The reference builds masked copies offline (``dupe_factor`` copies per user, plus one copy per
+  user with the last item masked). Here masks are drawn on the fly each step from torch's global
+  RNG (seeded by the trainer), and the "last item only" copies are a per-sequence share
+  ``last_item_mask_share`` (default 0.1). Without such samples BERT4Rec under-performs badly
+  (a known bug of several re-implementations).
+- At least one item per sequence is masked (the reference may produce sequences with no
+  prediction; they contribute nothing).
+- Loss is configurable: ``ce`` (full softmax, as the paper), ``sampled_softmax`` or ``bce``.
+- The output head keeps the reference code's LayerNorm after ``GELU(W h + b)`` (the paper's
+  Eq. 7 omits it; the code inherits it from BERT's masked-LM head).
+- Positions are counted from the right end (the last column is position ``max_len - 1``), so extra
+  left padding never changes a score; the [MASK] at scoring takes the last training position.
+- Timestamps are ignored (``encode`` accepts them for the contract).
+- Initialisation N(0, init_std) instead of the reference's truncated normal.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from bftrec.config import ConfigError
+from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
+from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+
+
+@dataclass
+class BERT4RecConfig:
+    name: str = "bert4rec"
+    d_model: int = 64                   # hidden width D
+    n_layers: int = 2                   # number of blocks
+    n_heads: int = 2                    # attention heads H (d = D / H)
+    d_ff: int = 256                     # point-wise FFN width F
+    dropout: float = 0.1                # hidden / embedding dropout
+    attn_dropout: float = 0.1           # dropout on attention weights
+    max_len: int = 50                   # tokens per sequence incl. the scoring [MASK] (L)
+    loss: str = "ce"                    # ce | bce | sampled_softmax, over masked positions only
+    n_negatives: int = 256              # negatives for sampled_softmax (shared by the batch)
+    init_std: float = 0.02              # N(0, init_std) initialisation
+    mask_prob: float = 0.2              # cloze: probability of masking each item, in (0, 1)
+    last_item_mask_share: float = 0.1   # share of training sequences that mask only the last item
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend).
+
+    Parameters (BFT.md names): ``qkv`` (D -> 3D, q|k|v concatenated), ``out`` (W_O, D -> D).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.attn_drop = nn.Dropout(attn_dropout)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q, k, v each (B, H, T, d)."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
+        shape = (B, T, self.n_heads, D // self.n_heads)
+        return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+
+    def forward(self, x: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """x (B, T, D) float, masks.attn (B, 1, T, T) bool -> (B, T, D)."""
+        q, k, v = self.heads(x)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        alpha = masked_softmax(logits, masks.attn)  # padding keys get 0; an all-padding row is all 0
+        m = self.attn_drop(alpha) @ v  # (B, H, T, d)
+        B, H, T, d = m.shape
+        return self.out(m.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, D)
+
+
+class PointWiseFFN(nn.Module):
+    """FFN(y) = W2 GELU(W1 y + b1) + b2 (BFT.md §3 names: w1, w2)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.act = nn.GELU()
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.act(self.w1(y)))
+
+
+class BERT4RecBlock(nn.Module):
+    """Post-LN bidirectional block (BERT): ``h' = LN1(h + drop(Attn(h)))``, ``h'' = LN2(h' + drop(FFN(h')))``.
+
+    Submodules: ``attn.qkv``, ``attn.out``, ``ln1``, ``ffn.w1``, ``ffn.w2``, ``ln2``. Note that in this
+    post-LN block ``ln1`` follows attention and ``ln2`` follows the FFN (BFT.md §2/§3 post-LN rules).
+    ``masks.attn`` is the padding mask only (``causal=False``); the block never builds masks.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
+        super().__init__()
+        self.attn = SelfAttention(d_model, n_heads, attn_dropout)
+        self.ln1 = nn.LayerNorm(d_model)
+        self.ffn = PointWiseFFN(d_model, d_ff)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, masks: Masks, **ctx) -> torch.Tensor:
+        """h (B, L, D) float -> (B, L, D); ``ctx`` (e.g. ``time``) is unused."""
+        h = self.ln1(h + self.drop(self.attn(h, masks)))
+        return self.ln2(h + self.drop(self.ffn(h)))
+
+
+@MODELS.register("bert4rec")
+class BERT4Rec(SeqRecModel):
+    """BERT4Rec backbone: ``encode``, cloze ``training_loss``, ``score_items`` at an appended [MASK].
+
+    Raises:
+        ConfigError: ``mask_prob`` outside (0, 1), ``last_item_mask_share`` outside [0, 1],
+            ``max_len < 2``, or a shared check (``check_common``) fails.
+    """
+
+    Config = BERT4RecConfig
+    causal = False
+
+    def __init__(self, cfg: BERT4RecConfig, layer_cfg, info: DataInfo) -> None:
+        super().__init__()
+        check_common(cfg, info.n_items)
+        if not 0.0 < cfg.mask_prob < 1.0:
+            raise ConfigError(f"model.mask_prob={cfg.mask_prob} must be in (0, 1)")
+        if not 0.0 <= cfg.last_item_mask_share <= 1.0:
+            raise ConfigError(f"model.last_item_mask_share={cfg.last_item_mask_share} must be in [0, 1]")
+        if cfg.max_len < 2:
+            raise ConfigError(f"model.max_len={cfg.max_len} must be >= 2 for bert4rec (history + [MASK])")
+        self.cfg, self.n_items = cfg, info.n_items
+        self.mask_id = info.n_items + 1
+        D = cfg.d_model
+        self.item_emb = nn.Embedding(info.n_items + 2, D, padding_idx=0)  # 0 pad, 1..N, N+1 [MASK]
+        self.pos_emb = nn.Embedding(cfg.max_len, D)
+        self.emb_ln = nn.LayerNorm(D)
+        self.emb_drop = nn.Dropout(cfg.dropout)
+        self.apply(self._init)
+        counts = np.concatenate([np.asarray(info.train_counts, dtype=np.int64), [0]])  # (N + 2,): [MASK] 0
+        self.stack = build_stack(
+            layer_cfg, BERT4RecBlock, cfg.n_layers, n_tokens=info.n_items + 2,
+            precision_ctx={"input_variance": self.input_variance(), "train_counts": counts, "pad_id": 0},
+            d_model=D, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
+            attn_dropout=cfg.attn_dropout)
+        for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
+            block.apply(self._init)
+        # output head (reference code): GELU(W h + b) -> LayerNorm, then tied embeddings + bias
+        self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.LayerNorm(D))
+        self.head.apply(self._init)
+        self.out_bias = nn.Parameter(torch.zeros(info.n_items + 2))  # (N + 2,)
+
+    def _init(self, m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.cfg.init_std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                nn.init.zeros_(m.weight[m.padding_idx])
+
+    @torch.no_grad()
+    def input_variance(self) -> float:
+        """Mean per-coordinate variance of the layer-0 input LN(item + position) at init.
+
+        Each real item is paired with one position (``id mod max_len``) to keep this (N, D).
+        """
+        ids = torch.arange(1, self.n_items + 1)
+        x = self.emb_ln(self.item_emb.weight[1: self.n_items + 1] + self.pos_emb(ids % self.cfg.max_len))  # (N, D)
+        return float(x.var(dim=0).mean())
+
+    def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
+        """item_seq (B, L) int64 -> (B, L, D) float, 0 on padding; the last column is position max_len - 1."""
+        L = item_seq.shape[1]
+        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
+        h = self.emb_ln(self.item_emb(item_seq) + self.pos_emb(pos)[None])  # (B, L, D)
+        return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
+
+    def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
+               mech: Optional[dict] = None) -> torch.Tensor:
+        """Bidirectional encoding.
+
+        Args:
+            item_seq: (B, L) int64, left-padded with 0, may contain [MASK] = N + 1; only the last
+                ``max_len`` columns are used.
+            timestamps: ignored.
+            mech: optional dict the BFT stack fills with mechanism statistics.
+        Returns:
+            (B, L', D) float hidden states after the last block, L' = min(L, max_len).
+        """
+        item_seq = item_seq[:, -self.cfg.max_len:]
+        masks = build_masks(item_seq, causal=False)
+        return self.stack(self.embed(item_seq), item_seq, masks, mech=mech)
+
+    def cloze(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the cloze masks from torch's global RNG.
+
+        Args:
+            seq: (B, L) int64 left-padded item ids.
+        Returns:
+            inputs (B, L) int64 with masked items replaced by [MASK], and targets (B, L) int64 holding
+            the original item at masked positions and 0 elsewhere.
+        """
+        valid = seq.ne(0)  # (B, L)
+        u = torch.rand(seq.shape, device=seq.device)  # (B, L)
+        masked = valid & (u < self.cfg.mask_prob)
+        # at least one masked item per non-empty sequence: the valid position with the smallest draw
+        first = u.masked_fill(~valid, 2.0).argmin(dim=1)  # (B,)
+        none = ~masked.any(dim=1) & valid.any(dim=1)  # (B,)
+        masked[none, first[none]] = True
+        # "last item only" samples: exactly the test-time task
+        last_only = torch.rand(seq.shape[0], device=seq.device) < self.cfg.last_item_mask_share  # (B,)
+        last = torch.zeros_like(masked)
+        last[:, -1] = True
+        masked = torch.where(last_only[:, None], last & valid, masked)
+        return seq.masked_fill(masked, self.mask_id), seq * masked
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        """Cloze loss on ``batch["seq"][:, 1:]`` ((B, max_len) int64), masked positions only; scalar."""
+        seq = batch["seq"][:, 1:]  # (B, L + 1) -> (B, L): the most recent max_len training items
+        inputs, targets = self.cloze(seq)
+        h = self.head(self.encode(inputs))  # (B, L, D)
+        return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
+                              self.n_items, bias=self.out_bias)
+
+    def scoring_input(self, item_seq: torch.Tensor) -> torch.Tensor:
+        """(B, L) int64 history -> (B, min(L, max_len - 1) + 1) int64: recent items then [MASK]."""
+        L = item_seq.shape[1]
+        hist = item_seq[:, max(L - (self.cfg.max_len - 1), 0):]  # (B, <= max_len - 1)
+        mask_col = torch.full_like(item_seq[:, :1], self.mask_id)  # (B, 1)
+        return torch.cat([hist, mask_col], dim=1)
+
+    def score_items(self, batch: dict) -> torch.Tensor:
+        """``batch["item_seq"]`` (B, L) int64 history -> (B, N + 1) float32; column 0 is -inf.
+
+        [MASK] (N + 1) is never a candidate: its column is not returned.
+        """
+        h = self.head(self.encode(self.scoring_input(batch["item_seq"]))[:, -1])  # (B, D)
+        return full_scores(h, self.item_emb.weight, self.n_items, bias=self.out_bias)
+
+    def mechanism(self, batch: dict) -> dict:
+        """BFT statistics of the scoring forward, re-aligned to ``batch["item_seq"]`` (B, L).
+
+        The scoring input drops the oldest column when the history is full and appends [MASK], so
+        its position ``t`` holds history column ``t + L - L_in + 1``. Every (B, L_in) tensor of the
+        mech dict is shifted back to the history's columns; columns the forward never saw get 0.
+        """
+        mech: dict = {}
+        item_seq = batch["item_seq"]
+        with torch.no_grad():
+            x = self.scoring_input(item_seq)
+            self.encode(x, mech=mech)
+        B, L = item_seq.shape
+        L_in = x.shape[1]
+
+        def align(v):
+            if isinstance(v, dict):
+                return {k: align(w) for k, w in v.items()}
+            if isinstance(v, list):
+                return [align(w) for w in v]
+            if torch.is_tensor(v) and v.dim() >= 2 and tuple(v.shape[:2]) == (B, L_in):
+                out = v.new_zeros((B, L) + tuple(v.shape[2:]))
+                n = L_in - 1  # history columns in the scoring input
+                if n > 0:
+                    out[:, L - n:] = v[:, :n]
+                return out
+            return v
+
+        return align(mech)

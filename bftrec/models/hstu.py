@@ -1,0 +1,282 @@
+"""HSTU: Hierarchical Sequential Transduction Units (pointwise, gated, causal attention).
+
+Paper: J. Zhai, L. Liao, X. Liu, Y. Wang, R. Li, X. Cao, L. Gao, Z. Gong, F. Gu, M. He, Y. Lu and
+Y. Shi, "Actions Speak Louder than Words: Trillion-Parameter Sequential Transducers for Generative
+Recommendations", ICML 2024. Reference: meta-recsys/generative-recommenders,
+``generative_recommenders/research/modeling/sequential/hstu.py`` (the traditional sequential
+setting, Section 4.1.1). This is an independent re-implementation on dense left-padded tensors.
+
+One HSTU block (no separate FFN)::
+
+    x          = LN1(h)
+    u, v, q, k = SiLU(uvqk(x))                       # each (B, T, D); q, k, v split into H heads
+    w_tj       = SiLU(q_t . k_j + rab_tj) / N_t      # pointwise, NOT normalised; 0 where masked
+    m          = dropout_attn(w) @ v                 # (B, T, D), heads concatenated
+    h'         = h + f2(dropout(LN2(m) * u))         # U gating, then the output projection f2
+
+``rab_tj`` = a learned bias per relative position ``t - j`` (clipped at ``max_len - 1``) plus, when
+the data has timestamps, a learned bias per bucket ``floor(ln(max(|τ_t - τ_j|, 1)) / 0.301)``
+(clipped at ``n_time_buckets``), shared by the heads; each block has its own tables. ``N_t`` is the
+fixed ``max_len`` (``attn_norm=max_len``, as the reference) or the number of keys position ``t`` may
+see (``attn_norm=valid``). Embedding: ``item_emb * sqrt(D) + pos_emb`` with dropout; output: the
+last block's states, L2-normalised. Items are scored by cosine similarity; the training loss
+divides cosines by ``temperature`` (sampled softmax over uniform negatives by default).
+
+Deviations from the paper / reference implementation:
+- Left-padded dense tensors with an explicit mask instead of jagged tensors; positions are counted
+  from the right end (last column = ``max_len - 1``), so extra left padding changes nothing.
+- The time gap of key ``j`` is measured from the *query's own* timestamp ``τ_t``. The reference
+  uses the timestamp of the item *after* the query (the target's time at the last position), which
+  the history windows here do not carry; ours never reads a target's timestamp.
+- The relative position table holds ``max_len`` entries (distances 0..max_len-1, the causal half);
+  the reference keeps ``2 max_len - 1`` entries, half of them masked away.
+- LN1 and LN2 have learned affine parameters (γ = 1, β = 0 at init, so equal to the reference's
+  non-affine norms at init); BFT.md §4 reads LN2's γ.
+- ``attn_dropout`` is applied to the pointwise weights (the reference accepts but never applies it;
+  default 0.0 here for that reason). ``dropout`` acts on ``LN2(m) * u`` (as the reference) and on
+  the embeddings.
+- One width ``d_model`` for q/k and for u/v (the reference allows separate ``attention_dim`` and
+  ``linear_dim``). ``d_ff`` is unused (HSTU has no FFN); it exists so the shared
+  ``debug=smoke`` overrides apply to every backbone.
+- ``loss=ce`` (full softmax over all cosines / temperature) is offered beside the reference's
+  sampled softmax; ``bce`` is rejected (the shared bce head ignores the temperature).
+- Initialisation N(0, init_std) for every weight (the reference uses truncated normal for items
+  and Xavier for f2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bftrec.config import ConfigError, check_choice
+from bftrec.layers import Masks, build_masks, build_stack
+from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+
+ATTN_NORMS = ("max_len", "valid")
+TIME_BUCKET_DIVISOR = 0.301  # reference bucketisation: floor(ln(max(|Δt|, 1)) / 0.301)
+
+
+@dataclass
+class HSTUConfig:
+    name: str = "hstu"
+    d_model: int = 64               # hidden width D (also the q/k and u/v width)
+    n_layers: int = 2               # number of HSTU blocks
+    n_heads: int = 1                # attention heads H (d = D / H)
+    d_ff: int = 256                 # unused: HSTU has no FFN (kept for the shared overrides)
+    dropout: float = 0.2            # embedding dropout and dropout on LN2(m) * u
+    attn_dropout: float = 0.0       # dropout on the pointwise attention weights
+    max_len: int = 50               # most recent items kept per sequence (L)
+    loss: str = "sampled_softmax"   # sampled_softmax | ce, over cosine / temperature
+    n_negatives: int = 128          # uniform negatives for sampled_softmax (shared by the batch)
+    init_std: float = 0.02          # N(0, init_std) initialisation
+    attn_norm: str = "max_len"      # max_len (reference) | valid: divide SiLU weights by this count
+    time_bias: bool = True          # add the bucketed log time-gap bias (needs timestamps)
+    n_time_buckets: int = 128       # time-gap buckets (the bias table has n_time_buckets + 1 rows)
+    temperature: float = 0.05       # logits = cosine / temperature in the training loss
+
+
+class RelativeBias(nn.Module):
+    """``rab_tj`` = ``pos_w[min(t - j, max_len - 1)]`` (+ ``time_w[bucket(τ_t - τ_j)]``).
+
+    Parameters: ``pos_w`` (max_len,) float; ``time_w`` (n_time_buckets + 1,) float, only when
+    ``n_time_buckets > 0``.
+    """
+
+    def __init__(self, max_len: int, n_time_buckets: int, init_std: float) -> None:
+        super().__init__()
+        self.max_len, self.n_time_buckets = max_len, n_time_buckets
+        self.pos_w = nn.Parameter(torch.randn(max_len) * init_std)
+        self.time_w = nn.Parameter(torch.randn(n_time_buckets + 1) * init_std) if n_time_buckets > 0 else None
+
+    def forward(self, T: int, time: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """-> (1 or B, 1, T, T) float bias; ``time`` (B, T) int64 unix seconds or None."""
+        idx = torch.arange(T, device=device)
+        dist = (idx[:, None] - idx[None, :]).clamp(0, self.max_len - 1)  # (T, T); t < j is masked anyway
+        bias = self.pos_w[dist][None, None]  # (1, 1, T, T)
+        if self.time_w is not None:
+            if time is None:
+                raise ValueError("hstu with model.time_bias=true needs batch['time'] (B, L) int64")
+            gap = (time[:, :, None] - time[:, None, :]).abs().clamp(min=1).double()  # (B, T, T) seconds
+            bucket = (gap.log() / TIME_BUCKET_DIVISOR).long().clamp(0, self.n_time_buckets)  # (B, T, T)
+            bias = bias + self.time_w[bucket][:, None]  # (B, 1, T, T)
+        return bias
+
+
+class PointwiseAttention(nn.Module):
+    """HSTU's pointwise aggregated attention with U gating inputs.
+
+    Parameters (BFT.md §4 names): ``uvqk`` (D -> 4D, u|v|q|k concatenated, SiLU applied to all),
+    ``rab`` (``RelativeBias``). ``weights`` gives the undropped pointwise weights ``w`` so that a
+    BFT twin can reuse it.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float, max_len: int, attn_norm: str,
+                 n_time_buckets: int, init_std: float) -> None:
+        super().__init__()
+        self.n_heads, self.max_len, self.attn_norm = n_heads, max_len, attn_norm
+        self.uvqk = nn.Linear(d_model, 4 * d_model)
+        self.rab = RelativeBias(max_len, n_time_buckets, init_std)
+        self.attn_drop = nn.Dropout(attn_dropout)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> u (B, T, D) and q, k, v each (B, H, T, d)."""
+        B, T, D = x.shape
+        u, v, q, k = F.silu(self.uvqk(x)).split(D, dim=-1)  # 4 x (B, T, D)
+        shape = (B, T, self.n_heads, D // self.n_heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, T, D) -> (B, H, T, d)
+        return u, q, k, v
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor, masks: Masks,
+                time: Optional[torch.Tensor]) -> torch.Tensor:
+        """Pointwise weights ``SiLU(q kᵀ + rab) / N_t`` -> (B, H, T, T) float, exactly 0 where masked.
+
+        A query with no allowed key (left padding) gets an all-zero row, never NaN.
+        """
+        T = q.shape[2]
+        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device).to(q.dtype)  # (B, H, T, T)
+        if self.attn_norm == "valid":
+            n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, T, 1)
+        else:
+            n = float(self.max_len)
+        return (F.silu(s) / n).masked_fill(~masks.attn, 0.0)
+
+    def forward(self, x: torch.Tensor, masks: Masks,
+                time: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> m (B, T, D) attention output (heads concatenated) and gate u (B, T, D)."""
+        u, q, k, v = self.project(x)
+        w = self.weights(q, k, masks, time)  # (B, H, T, T)
+        m = self.attn_drop(w) @ v  # (B, H, T, d)
+        B, H, T, d = m.shape
+        return m.transpose(1, 2).reshape(B, T, H * d), u  # (B, H, T, d) -> (B, T, D)
+
+
+class HSTUBlock(nn.Module):
+    """``h' = h + f2(drop(LN2(m) ⊙ u))`` with ``m, u = attn(LN1(h))`` (no FFN; BFT.md §3/§4).
+
+    Submodules: ``ln1``, ``attn.uvqk``, ``attn.rab.pos_w``, ``attn.rab.time_w``, ``ln2`` (norm of m),
+    ``f2`` (output projection). ``forward(h, masks, time=None)``: ``time`` (B, L) int64 unix
+    seconds, required when the block was built with time buckets.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, attn_dropout: float, max_len: int,
+                 attn_norm: str, n_time_buckets: int, init_std: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = PointwiseAttention(d_model, n_heads, attn_dropout, max_len, attn_norm, n_time_buckets,
+                                       init_std)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.f2 = nn.Linear(d_model, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None, **ctx) -> torch.Tensor:
+        """h (B, L, D) float, masks.attn (B, 1, L, L) causal & key-valid -> (B, L, D)."""
+        m, u = self.attn(self.ln1(h), masks, time)
+        return h + self.f2(self.drop(self.ln2(m) * u))
+
+
+@MODELS.register("hstu")
+class HSTU(SeqRecModel):
+    """HSTU backbone: causal next-item model with cosine scores.
+
+    Raises:
+        ConfigError: ``time_bias=true`` on data without timestamps; bad ``attn_norm``, ``loss=bce``,
+            ``temperature <= 0``, ``n_time_buckets < 1``; or a shared check (``check_common``) fails.
+    """
+
+    Config = HSTUConfig
+    causal = True
+
+    def __init__(self, cfg: HSTUConfig, layer_cfg, info: DataInfo) -> None:
+        super().__init__()
+        check_common(cfg, info.n_items)
+        check_choice(cfg.attn_norm, ATTN_NORMS, "model.attn_norm")
+        check_choice(cfg.loss, ("sampled_softmax", "ce"), "model.loss")
+        if cfg.temperature <= 0:
+            raise ConfigError(f"model.temperature={cfg.temperature} must be > 0")
+        if cfg.time_bias and not info.has_timestamps:
+            raise ConfigError("model.time_bias=true but the dataset has no timestamps; "
+                              "set model.time_bias=false (position-only relative bias)")
+        if cfg.time_bias and cfg.n_time_buckets < 1:
+            raise ConfigError(f"model.n_time_buckets={cfg.n_time_buckets} must be >= 1 with time_bias=true")
+        self.cfg, self.n_items = cfg, info.n_items
+        D = cfg.d_model
+        self.item_emb = nn.Embedding(info.n_items + 1, D, padding_idx=0)
+        self.pos_emb = nn.Embedding(cfg.max_len, D)
+        self.emb_drop = nn.Dropout(cfg.dropout)
+        self.apply(self._init)
+        self.stack = build_stack(
+            layer_cfg, HSTUBlock, cfg.n_layers, n_tokens=info.n_items + 1,
+            precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts,
+                           "pad_id": 0},
+            d_model=D, n_heads=cfg.n_heads, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
+            max_len=cfg.max_len, attn_norm=cfg.attn_norm,
+            n_time_buckets=cfg.n_time_buckets if cfg.time_bias else 0, init_std=cfg.init_std)
+        for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
+            block.apply(self._init)
+
+    def _init(self, m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.cfg.init_std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                nn.init.zeros_(m.weight[m.padding_idx])
+
+    @torch.no_grad()
+    def input_variance(self) -> float:
+        """Mean per-coordinate variance of the layer-0 input (item * sqrt(D) + position) at init."""
+        x = self.item_emb.weight[1:] * math.sqrt(self.cfg.d_model)  # (N, D)
+        return float(x.var(dim=0).mean() + self.pos_emb.weight.var(dim=0).mean())
+
+    def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
+        """item_seq (B, L) int64 -> (B, L, D) float, 0 on padding; the last column is position max_len - 1."""
+        L = item_seq.shape[1]
+        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
+        h = self.item_emb(item_seq) * math.sqrt(self.cfg.d_model) + self.pos_emb(pos)[None]
+        return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
+
+    def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
+               mech: Optional[dict] = None) -> torch.Tensor:
+        """Causal encoding.
+
+        Args:
+            item_seq: (B, L) int64, left-padded with 0; only the last ``max_len`` columns are used.
+            timestamps: (B, L) int64 unix seconds (any value on padding); required when
+                ``time_bias=true``, ignored otherwise.
+            mech: optional dict the BFT stack fills with mechanism statistics.
+        Returns:
+            (B, L', D) float, L2-normalised per position (0 stays 0), L' = min(L, max_len).
+        Raises:
+            ValueError: ``time_bias=true`` and ``timestamps`` is None.
+        """
+        item_seq = item_seq[:, -self.cfg.max_len:]
+        time = timestamps[:, -self.cfg.max_len:] if (self.cfg.time_bias and timestamps is not None) else None
+        if self.cfg.time_bias and time is None:
+            raise ValueError("hstu with model.time_bias=true needs timestamps (batch['time'])")
+        masks = build_masks(item_seq, causal=True)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, time=time)
+        return F.normalize(h, dim=-1, eps=1e-6)
+
+    def item_table(self) -> torch.Tensor:
+        """(N + 1, D) float L2-normalised item embeddings (row 0 stays 0)."""
+        return F.normalize(self.item_emb.weight, dim=-1, eps=1e-6)
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]; cosine / temperature."""
+        seq = batch["seq"]  # (B, L + 1)
+        inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
+        targets = targets * inputs.ne(0)  # no target where the input is padding
+        time = batch.get("time")
+        h = self.encode(inputs, time[:, :-1] if time is not None else None)  # (B, L, D)
+        return next_item_loss(h, targets, self.item_table(), self.cfg.loss, self.cfg.n_negatives,
+                              self.n_items, temperature=self.cfg.temperature)
+
+    def score_items(self, batch: dict) -> torch.Tensor:
+        """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf."""
+        h = self.encode(batch["item_seq"], batch.get("time"))[:, -1]  # (B, D)
+        return full_scores(h, self.item_table(), self.n_items)

@@ -1,0 +1,164 @@
+"""SASRec: self-attentive sequential recommendation.
+
+Paper: W.-C. Kang and J. McAuley, "Self-Attentive Sequential Recommendation", ICDM 2018.
+
+Item and learned position embeddings, causal Transformer blocks, a final LayerNorm and an output
+layer tied to the item embeddings. The stack is built through the single swap point
+``bftrec.layers.build_stack``, so ``layer=bft`` gives the BFT twin of the same block (BFT.md).
+
+Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch, RecBole):
+- Pre-LN blocks, ``h + Attn(LN(h))`` with queries, keys and values all from ``LN(h)``. The original
+  adds the residual to the *normalised* query and uses raw ``h`` for keys and values.
+- Loss is configurable: ``ce`` (full softmax, default), ``bce`` (one uniform negative per position,
+  as in the paper, which samples negatives outside the user's history) or ``sampled_softmax``.
+- Embeddings are scaled by sqrt(D) as in the original; initialisation is N(0, 0.02) (BERT-style).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
+from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+
+
+@dataclass
+class SASRecConfig:
+    name: str = "sasrec"
+    d_model: int = 64          # hidden width D
+    n_layers: int = 2          # number of blocks
+    n_heads: int = 2           # attention heads H (d = D / H)
+    d_ff: int = 256            # point-wise FFN width F
+    dropout: float = 0.2       # hidden / embedding dropout
+    attn_dropout: float = 0.2  # dropout on attention weights
+    max_len: int = 50          # most recent items kept per sequence (L)
+    loss: str = "ce"           # ce | bce | sampled_softmax
+    n_negatives: int = 256     # negatives for sampled_softmax (shared by the batch)
+    init_std: float = 0.02     # N(0, init_std) initialisation
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend)."""
+
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.attn_drop = nn.Dropout(attn_dropout)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q, k, v each (B, H, T, d)."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
+        shape = (B, T, self.n_heads, D // self.n_heads)
+        return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+
+    def forward(self, x: torch.Tensor, masks: Masks) -> torch.Tensor:
+        q, k, v = self.heads(x)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        alpha = masked_softmax(logits, masks.attn)
+        m = self.attn_drop(alpha) @ v  # (B, H, T, d)
+        B, H, T, d = m.shape
+        return self.out(m.transpose(1, 2).reshape(B, T, H * d))  # (B, T, D)
+
+
+class PointWiseFFN(nn.Module):
+    """FFN(y) = W2 GELU(W1 y + b1) + b2 (BFT.md §3 names: w1, w2)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.act = nn.GELU()
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.act(self.w1(y)))
+
+
+class SASRecBlock(nn.Module):
+    """Pre-LN causal block: ``h' = h + drop(Attn(LN1 h))``, ``h'' = h' + drop(FFN(LN2 h'))``."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, attn_dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ffn = PointWiseFFN(d_model, d_ff)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, masks: Masks, **ctx) -> torch.Tensor:
+        h = h + self.drop(self.attn(self.ln1(h), masks))
+        return h + self.drop(self.ffn(self.ln2(h)))
+
+
+@MODELS.register("sasrec")
+class SASRec(SeqRecModel):
+    Config = SASRecConfig
+    causal = True
+
+    def __init__(self, cfg: SASRecConfig, layer_cfg, info: DataInfo) -> None:
+        super().__init__()
+        check_common(cfg, info.n_items)
+        self.cfg, self.n_items = cfg, info.n_items
+        D = cfg.d_model
+        self.item_emb = nn.Embedding(info.n_items + 1, D, padding_idx=0)
+        self.pos_emb = nn.Embedding(cfg.max_len, D)
+        self.emb_drop = nn.Dropout(cfg.dropout)
+        self.apply(self._init)
+        self.stack = build_stack(
+            layer_cfg, SASRecBlock, cfg.n_layers, n_tokens=info.n_items + 1,
+            precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts,
+                           "pad_id": 0},
+            d_model=D, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
+            attn_dropout=cfg.attn_dropout)
+        for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
+            block.apply(self._init)
+        self.final_ln = nn.LayerNorm(D)
+
+    def _init(self, m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.cfg.init_std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                nn.init.zeros_(m.weight[m.padding_idx])
+
+    @torch.no_grad()
+    def input_variance(self) -> float:
+        """Mean per-coordinate variance of the layer-0 input (item + position embedding) at init."""
+        x = self.item_emb.weight[1:] * math.sqrt(self.cfg.d_model)  # (N, D)
+        return float(x.var(dim=0).mean() + self.pos_emb.weight.var(dim=0).mean())
+
+    def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
+        """item_seq (B, L) int64 -> (B, L, D), positions counted so the last column is max_len - 1."""
+        L = item_seq.shape[1]
+        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
+        h = self.item_emb(item_seq) * math.sqrt(self.cfg.d_model) + self.pos_emb(pos)[None]
+        return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
+
+    def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
+               mech: Optional[dict] = None) -> torch.Tensor:
+        """item_seq (B, L) int64, left-padded, L <= max_len -> (B, L, D) hidden states."""
+        item_seq = item_seq[:, -self.cfg.max_len:]
+        masks = build_masks(item_seq, causal=True)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech)
+        return self.final_ln(h)
+
+    def training_loss(self, batch: dict) -> torch.Tensor:
+        """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]."""
+        seq = batch["seq"]  # (B, L + 1)
+        inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
+        targets = targets * inputs.ne(0)  # no target where the input is padding
+        h = self.encode(inputs)
+        return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
+                              self.n_items)
+
+    def score_items(self, batch: dict) -> torch.Tensor:
+        """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf."""
+        h = self.encode(batch["item_seq"])[:, -1]  # (B, D)
+        return full_scores(h, self.item_emb.weight, self.n_items)

@@ -1,0 +1,208 @@
+"""Entry point ``bftrec-train``: a thin ``@hydra.main`` around the plain function ``run(cfg, out_dir)``.
+
+``run`` validates every config group against its dataclass, loads the dataset, builds the backbone
+(with ``layer=standard`` or ``layer=bft``), trains to early stopping, scores the test split once at the
+best checkpoint and writes ``metrics.json``, ``ranks.csv.gz``, ``history.csv``, ``checkpoint.pt``,
+``env.json`` and ``config.yaml`` into ``out_dir``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from bftrec.config import ConfigError, EvalConfig, TrainerConfig, merge_schema, validate_root
+from bftrec.data.config import DatasetConfig
+from bftrec.data.datasets import load_dataset
+from bftrec.evaluation import rank_users
+from bftrec.layers import LAYER_CONFIGS
+from bftrec.mechanism import aggregate_mechanism
+from bftrec.metrics import cold_threshold, stratify
+from bftrec.models import MODELS, DataInfo
+from bftrec.trainer import fit, is_main, resolve_device, seed_everything
+
+log = logging.getLogger("bftrec")
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+
+
+def typed_groups(cfg: DictConfig) -> dict:
+    """Merge every group into its dataclass; raises ConfigError naming any unknown key."""
+    root = validate_root(cfg)
+    model_name = cfg.model.get("name")
+    layer_name = cfg.layer.get("name")
+    model_cls = MODELS.get(model_name) if model_name in MODELS else None
+    if model_cls is None:
+        raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(MODELS.names())}")
+    if layer_name not in LAYER_CONFIGS:
+        raise ConfigError(f"unknown layer {layer_name!r}; choose one of {', '.join(sorted(LAYER_CONFIGS))}")
+    return {
+        "root": root,
+        "dataset": merge_schema(DatasetConfig, cfg.dataset, "dataset"),
+        "model": merge_schema(model_cls.Config, cfg.model, "model"),
+        "model_cls": model_cls,
+        "layer": merge_schema(LAYER_CONFIGS[layer_name], cfg.layer, "layer"),
+        "trainer": merge_schema(TrainerConfig, cfg.trainer, "trainer"),
+        "eval": merge_schema(EvalConfig, cfg.eval, "eval"),
+    }
+
+
+def protocol_block(ev: EvalConfig, repeat_share: float, select_metric: str) -> dict:
+    """The protocol every metrics.json states (DESIGN.md "Data protocol", "Evaluation protocol")."""
+    return {
+        "split": "leave-one-out: last item test, second-to-last validation, rest training",
+        "candidates": "all items (full ranking)" if ev.protocol == "full"
+        else f"target + {ev.n_negatives} sampled negatives ({ev.sampled_kind}, seed {ev.sample_seed})",
+        "exclude_history": ev.exclude_history,
+        "repeat_target": ev.repeat_target,
+        "repeat_target_share": repeat_share,
+        "ties": "pessimistic: rank = 1 + #{other candidates with score >= target score}",
+        "epoch_selection": f"best validation {select_metric}; test scored once at that checkpoint",
+        "item_frequency": "training interactions only",
+    }
+
+
+def env_info(device: torch.device, started: float) -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=Path(__file__).parent).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {
+        "git_sha": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+        "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
+        "platform": platform.platform(), "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "threads": torch.get_num_threads(), "started": datetime.fromtimestamp(started).isoformat(),
+        "wall_seconds": round(time.time() - started, 2), "argv": sys.argv,
+    }
+
+
+def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
+    """Train and evaluate one configuration; return the metrics dict (also written to metrics.json).
+
+    Args:
+        cfg: the composed config (``configs/train.yaml``).
+        out_dir: run directory; default ``<out_root>/<dataset>/<model>/<layer>/seed<k>_<time>``.
+    Raises:
+        ConfigError: an unknown key or impossible setting (one line).
+    """
+    started = time.time()
+    g = typed_groups(cfg)
+    root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
+    if out_dir is None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        out_dir = Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{stamp}"
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    seed_everything(root.seed, tc.deterministic)
+    device = resolve_device(tc.device)
+
+    data = load_dataset(ds, data_root=root.data_root, cache_dir=root.cache_dir)
+    counts = data.train_counts()
+    info = DataInfo(n_items=data.n_items, train_counts=counts, has_timestamps=data.timestamps is not None)
+    model = g["model_cls"](mc, lc, info).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
+             n_params, data.n_users, data.n_items, device)
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    result = fit(model, data, tc, ev, out_dir, device, mc.max_len, root.seed,
+                 extra_state={"config": resolved})
+    best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    model.load_state_dict(best["model"])
+    metrics = evaluate_test(model, data, counts, ev, device, mc.max_len, amp=tc.amp)
+    metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed,
+               "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
+               "data": data.stats, "n_parameters": n_params,
+               "best_epoch": result.best_epoch, "epochs_run": len(result.history),
+               "stopped_early": result.stopped_early, "valid": result.best_valid, **metrics}
+    if is_main():
+        write_outputs(out_dir, metrics, device, started)
+    return metrics
+
+
+def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int,
+                  amp: bool = False) -> dict:
+    """Score the test split once; return test metrics, strata, mechanism and the rank table."""
+    sink: Optional[list] = [] if ev.mechanism else None
+    table = rank_users(model, data.items, data.offsets, data.timestamps, "test", data.n_items, max_len,
+                       counts, ev, device, amp=amp, mech_sink=sink)
+    thr = ev.cold_user_max_history
+    if thr is None:
+        thr = cold_threshold(table["history_len"].to_numpy(), ev.cold_share)
+    test = stratify(table, counts, n_bins=ev.n_bins, bin_mode=ev.bin_mode, cold_max_history=thr,
+                    ks=tuple(ev.ks))
+    out = {"test": test, "ranks": table, "repeat_target_share": _repeat_share(data, table)}
+    if sink:
+        hist = np.zeros(data.n_users, dtype=np.int64)
+        hist[table["user"].to_numpy()] = table["history_len"].to_numpy()
+        out["mechanism"] = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+    return out
+
+
+def _repeat_share(data, table) -> float:
+    """Share of test users whose target already occurs in their history."""
+    from bftrec.data.batches import history_pairs, loo_split
+
+    split = loo_split(data.items, data.offsets, "test")
+    rows, cols = history_pairs(data.items, split.start, split.end)
+    return float(len(np.unique(rows[cols == split.targets[rows]])) / max(len(table), 1))
+
+
+def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: float) -> None:
+    table = metrics.pop("ranks")
+    table.to_csv(out_dir / "ranks.csv.gz", index=False, compression="gzip")
+    with open(out_dir / "metrics.json", "w") as f:
+        json.dump(metrics, f, indent=2, sort_keys=False)
+    with open(out_dir / "env.json", "w") as f:
+        json.dump(env_info(device, started), f, indent=2)
+    log.info("test HR@10 %.4f NDCG@10 %.4f -> %s", metrics["test"]["overall"]["HR@10"],
+             metrics["test"]["overall"]["NDCG@10"], out_dir)
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name="train")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    with one_line_errors("bftrec-train"):
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+@contextmanager
+def one_line_errors(prog: str):
+    """Turn user-facing errors (bad config, missing file, bad data) into one line on stderr, exit 2."""
+    try:
+        yield
+    except (ConfigError, KeyError, FileNotFoundError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    """Console script: puts the repo's configs/ on Hydra's search path."""
+    if not any(a.startswith("--config-dir") or a.startswith("-cd") for a in sys.argv[1:]):
+        sys.argv.insert(1, f"--config-dir={CONFIG_DIR}")
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""fit(): epochs, early stopping on validation NDCG@10, best checkpoint, resume.
+
+One training example is one user's most recent ``max_len + 1`` training items (``s[:-2]``); the
+backbone's ``training_loss`` decides which positions it predicts. After every ``eval_every`` epochs
+the whole validation split is ranked (full ranking) and the selection metric decides the best
+checkpoint; training stops after ``patience`` evaluations without improvement. Under torch.distributed
+(torchrun) each process takes a disjoint slice of every epoch's users and gradients are averaged by
+DDP; only rank 0 writes files.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
+from bftrec.data.batches import train_windows
+from bftrec.evaluation import rank_users
+from bftrec.metrics import summarize
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU. Raises ConfigError for CUDA without a GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name} but no CUDA device is available; use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def is_main() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+        or torch.distributed.get_rank() == 0
+
+
+class _LossModule(nn.Module):
+    """Routes DDP's forward to the backbone's ``training_loss``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model.training_loss(batch)
+
+
+@dataclass
+class FitResult:
+    best_epoch: int
+    best_valid: dict
+    history: list = field(default_factory=list)
+    stopped_early: bool = False
+
+
+def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
+    check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,
+        device: torch.device, max_len: int, seed: int, extra_state: Optional[dict] = None) -> FitResult:
+    """Train ``model`` on ``data`` (a ``SeqData``) and keep the best checkpoint in ``out_dir``.
+
+    Writes ``checkpoint.pt`` (best weights + ``extra_state``), ``last.pt`` (resume state) and
+    ``history.csv`` (per evaluation: epoch, loss, valid metrics, seconds).
+    Raises:
+        ConfigError: bad trainer settings; ValueError: a non-finite loss (with epoch and step).
+    """
+    if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.patience < 1 or cfg.eval_every < 1:
+        raise ConfigError("trainer.epochs, batch_size, patience and eval_every must all be >= 1")
+    amp = cfg.amp and device.type == "cuda"
+    opt = _optimizer(model, cfg)
+    seqs = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))  # (U, L + 1)
+    times = (torch.from_numpy(train_windows(data.timestamps, data.offsets, max_len + 1))
+             if data.timestamps is not None else None)
+    keep = seqs[:, -1].ne(0)  # users with at least one training item
+    seqs = seqs[keep].to(device)
+    times = times[keep].to(device) if times is not None else None
+    n = len(seqs)
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
+        if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)
+    runner: nn.Module = _LossModule(model)
+    if world > 1:
+        runner = nn.parallel.DistributedDataParallel(runner)
+
+    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": []}
+    gen = torch.Generator().manual_seed(seed)
+    if cfg.resume:
+        last = Path(cfg.resume) / "last.pt"
+        if not last.exists():
+            raise ConfigError(f"trainer.resume={cfg.resume}: no last.pt there; point it at a run directory")
+        ck = torch.load(last, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        state = ck["state"]
+        gen.set_state(ck["generator"])
+        torch.set_rng_state(ck["torch_rng"])
+        log.info("resumed from %s at epoch %d", last, state["epoch"])
+    elif hasattr(model, "calibrate"):
+        model.calibrate({"seq": seqs[: cfg.batch_size], **({"time": times[: cfg.batch_size]} if times is not None else {})})
+
+    steps = math.ceil(n / cfg.batch_size)
+    if cfg.max_steps_per_epoch:
+        steps = min(steps, cfg.max_steps_per_epoch)
+    stopped = False
+    for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
+        t0 = time.time()
+        model.train()
+        perm = torch.randperm(n, generator=gen)[rank::world]
+        total, count = 0.0, 0
+        bar = tqdm(perm.split(cfg.batch_size)[:steps], desc=f"epoch {epoch}", leave=False,
+                   disable=not (cfg.progress and is_main()))
+        for step, idx in enumerate(bar):
+            idx = idx.to(device)
+            batch = {"seq": seqs[idx]}
+            if times is not None:
+                batch["time"] = times[idx]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                loss = runner(batch)
+            if not torch.isfinite(loss):
+                raise ValueError(f"non-finite training loss {loss.item()} at epoch {epoch}, step {step}; "
+                                 f"lower trainer.lr or set trainer.grad_clip")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            total, count = total + loss.item(), count + 1
+            bar.set_postfix(loss=f"{total / count:.4f}")
+        row = {"epoch": epoch, "loss": total / max(count, 1), "train_seconds": time.time() - t0}
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            t1 = time.time()
+            table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
+                               max_len, data.train_counts(), eval_cfg, device, amp=amp)
+            valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
+            row.update({f"valid_{k}": v for k, v in valid.items() if k != "n_users"})
+            row["eval_seconds"] = time.time() - t1
+            score = valid[cfg.select_metric]
+            if score > state["best"]:
+                state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)
+                if is_main():
+                    torch.save({"model": model.state_dict(), "epoch": epoch, **(extra_state or {})},
+                               out_dir / "checkpoint.pt")
+            else:
+                state["bad"] += 1
+            log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],
+                     cfg.select_metric, score, state["best"], state["best_epoch"], time.time() - t0)
+        state["history"].append(row)
+        state["epoch"] = epoch
+        if is_main():
+            pd.DataFrame(state["history"]).to_csv(out_dir / "history.csv", index=False)
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                        "generator": gen.get_state(), "torch_rng": torch.get_rng_state()},
+                       out_dir / "last.pt")
+        if state["bad"] >= cfg.patience:
+            log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
+                     cfg.select_metric, cfg.patience)
+            stopped = True
+            break
+    if state["best_epoch"] < 0:
+        raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
+    return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped)

@@ -1,0 +1,245 @@
+"""Readers: every format, messy whitespace, gzip/zip, string ids, one-line errors with line numbers."""
+from __future__ import annotations
+
+import gzip
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bftrec.data.readers import READERS, DataFormatError, read
+
+ALL = ["amazon_csv", "amazon_json", "lcrec_json", "ml_csv", "ml_dat", "ml_udata", "s3rec", "sasrec",
+       "tsv"]
+
+
+def write(path: Path, text: str, gz: bool = False) -> Path:
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def rows(df: pd.DataFrame) -> list[tuple]:
+    ts = df["timestamp"]
+    t = [None] * len(df) if ts.isna().all() else [int(x) for x in ts]
+    return list(zip(df["user"].tolist(), df["item"].tolist(), t))
+
+
+def one_line_error(excinfo, *parts: str) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg, msg
+    for p in parts:
+        assert p in msg, (p, msg)
+    return msg
+
+
+def test_registry_has_every_format():
+    assert READERS.names() == ALL
+    with pytest.raises(KeyError, match="known: amazon_csv"):
+        read("nope", Path("x"))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_s3rec_messy(tmp_path, gz):
+    text = "\n u1 a  b\tc   \n\n\nu2\tb c\t \r\nA-9 x.y@z\n"
+    df = read("s3rec", write(tmp_path / "s.txt", text, gz))
+    assert rows(df) == [("u1", "a", None), ("u1", "b", None), ("u1", "c", None),
+                        ("u2", "b", None), ("u2", "c", None), ("A-9", "x.y@z", None)]
+    assert list(df.columns) == ["user", "item", "timestamp"]
+    assert str(df["timestamp"].dtype) == "Int64" and df["timestamp"].isna().all()
+
+
+def test_s3rec_non_ascii_ids(tmp_path):
+    df = read("s3rec", write(tmp_path / "s.txt", "ü1 é ß\n\nu2 ß é\n"))
+    assert rows(df)[0] == ("ü1", "é", None) and len(df) == 4
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("1 2 3\n\n2\n3 4\n", 3, "1 fields"),
+    ("1 2\n1 3\n", 2, "already had line 1"),  # SASRec lines are not S3-Rec lines
+    ('{"1": [1, 2]}\n', 1, "unexpected character"),
+    ("1,2,5.0,100\n", 1, "unexpected character"),
+])
+def test_s3rec_errors(tmp_path, text, line, what):
+    with pytest.raises(DataFormatError) as e:
+        read("s3rec", write(tmp_path / "bad.txt", text))
+    one_line_error(e, f"bad.txt:{line}", what, "expected")
+
+
+def test_sasrec(tmp_path):
+    df = read("sasrec", write(tmp_path / "v.txt", "1 6393\n\n1\t13504  \nu2 i9\n"))
+    assert rows(df) == [("1", "6393", None), ("1", "13504", None), ("u2", "i9", None)]
+    with pytest.raises(DataFormatError) as e:
+        read("sasrec", write(tmp_path / "bad.txt", "1 2\n\n1 2 3\n"))
+    one_line_error(e, "bad.txt:3", "3 fields", "'1 2 3'")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_tsv_header_by_name(tmp_path, gz):
+    text = "user_id\titem_id\ttimestamp\tposition\n1\t1\t1390694400\t0\n\n1\t2  1390694400\t1 \n"
+    df = read("tsv", write(tmp_path / "t.tsv.gz", text, gz))
+    assert rows(df) == [("1", "1", 1390694400), ("1", "2", 1390694400)]
+    assert df["timestamp"].dtype == np.int64
+    # a header with another column order (Amazon instruments derived TSV)
+    text = "user_id\titem_id\trating\ttimestamp\nA2IB\t1384719342\t5.0\t1393545600\n"
+    assert rows(read("tsv", write(tmp_path / "i.tsv", text))) == [("A2IB", "1384719342", 1393545600)]
+    # RecBole atomic header
+    text = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n196\t242\t3\t881250949\n"
+    assert rows(read("tsv", write(tmp_path / "r.inter", text))) == [("196", "242", 881250949)]
+
+
+def test_tsv_no_header_and_no_time_column(tmp_path):
+    assert rows(read("tsv", write(tmp_path / "a.tsv", "u1\ti1\t5\n u2 i2 7\n"))) == [
+        ("u1", "i1", 5), ("u2", "i2", 7)]
+    df = read("tsv", write(tmp_path / "b.tsv", "user\titem\nu1\ti1\n"))
+    assert rows(df) == [("u1", "i1", None)]
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("user_id\titem_id\ttimestamp\n1\t2\t100\n1\t3\tnoon\n", 3, "timestamp is not an integer"),
+    ("1\t2\t100\n\n1\t3\n", 3, "2 fields"),
+    ("1\t2\t100\n1\t3\t1.5\n", 2, "timestamp is not an integer"),
+    ("foo\tbar\tbaz\n1\t2\t3\n", 1, "neither a header"),
+    ("user_id\titem_id\ttimestamp\n", None, "only a header"),
+])
+def test_tsv_errors(tmp_path, text, line, what):
+    with pytest.raises(DataFormatError) as e:
+        read("tsv", write(tmp_path / "bad.tsv", text))
+    one_line_error(e, "bad.tsv" + (f":{line}" if line else ""), what)
+
+
+def test_ml_udata(tmp_path):
+    df = read("ml_udata", write(tmp_path / "u.data", "196\t242\t3\t881250949\n\n186 302\t3\t891717742 \n"))
+    assert rows(df) == [("196", "242", 881250949), ("186", "302", 891717742)]
+    with pytest.raises(DataFormatError) as e:
+        read("ml_udata", write(tmp_path / "bad.data", "196\t242\t3\t881250949\n1\t2\t3\n"))
+    one_line_error(e, "bad.data:2", "3 fields")
+    with pytest.raises(DataFormatError) as e:
+        read("ml_udata", write(tmp_path / "bad2.data", "1\t2\t3\t4\n5\t6\t7\tx8\n"))
+    one_line_error(e, "bad2.data:2", "timestamp is not an integer")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_ml_dat(tmp_path, gz):
+    text = "1::1193::5::978300760\n\n1 :: 661::3::978302109  \nu2::m9::4::5\n"
+    df = read("ml_dat", write(tmp_path / "ratings.dat", text, gz))
+    assert rows(df) == [("1", "1193", 978300760), ("1", "661", 978302109), ("u2", "m9", 5)]
+
+
+@pytest.mark.parametrize("text,line,what", [
+    ("1::2::5::9\n1::3::5\n", 2, "3 fields"),
+    ("1::2::5::9\n1::::5::9\n", 2, "empty field"),
+    ("1::2::5::9\n1::3::5::9::\n", 2, "empty field"),
+    ("1::2::5::9\n1::3 4::5::9\n", 2, "whitespace inside a field"),
+    ("1::2::5::9\n1::3::5::later\n", 2, "timestamp is not an integer"),
+    ("1 2 3 4\n", 1, "whitespace inside a field"),
+])
+def test_ml_dat_errors(tmp_path, text, line, what):
+    with pytest.raises(DataFormatError) as e:
+        read("ml_dat", write(tmp_path / "bad.dat", text))
+    one_line_error(e, f"bad.dat:{line}", what)
+
+
+def test_ml_csv(tmp_path):
+    text = "userId,movieId,rating,timestamp\n1,296,5.0,1147880044\n\n1, 306,3.5,1147868817\n"
+    assert rows(read("ml_csv", write(tmp_path / "ratings.csv", text))) == [
+        ("1", "296", 1147880044), ("1", "306", 1147868817)]
+    with pytest.raises(DataFormatError) as e:
+        read("ml_csv", write(tmp_path / "bad.csv", "user,item,rating,ts\n1,2,3,4\n"))
+    one_line_error(e, "bad.csv:1", "wrong header")
+    with pytest.raises(DataFormatError) as e:
+        read("ml_csv", write(tmp_path / "bad2.csv", text + "2,5,4.0,noon\n"))
+    one_line_error(e, "bad2.csv:5", "timestamp is not an integer")
+
+
+REVIEWS = (
+    "reviewerID,asin,reviewerName,helpful,reviewText,overall,summary,unixReviewTime,reviewTime\n"
+    'A2IB,1384719342,"cassandra ""Yeah""","[0, 0]","line one\nline two, with comma",5.0,good,'
+    '1393545600,"02 28, 2014"\n'
+    'A14V,B00004Y2UT,Jake,"[13, 14]",fine,5.0,ok,1363392000,"03 16, 2013"\n'
+)
+
+
+def test_amazon_csv_reviews_in_zip(tmp_path):
+    path = tmp_path / "reviews.csv.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("Musical_instruments_reviews.csv", REVIEWS)
+    assert rows(read("amazon_csv", path)) == [("A2IB", "1384719342", 1393545600),
+                                              ("A14V", "B00004Y2UT", 1363392000)]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_amazon_csv_ratings(tmp_path, gz):
+    text = "A1,0000031852,5.0,1382745600\n\nA2 ,B00X,3.0,1400000000\n"
+    assert rows(read("amazon_csv", write(tmp_path / "ratings.csv", text, gz))) == [
+        ("A1", "0000031852", 1382745600), ("A2", "B00X", 1400000000)]
+
+
+def test_amazon_csv_errors(tmp_path):
+    # the review on lines 2-3 is fine; the next record (line 4) lacks its timestamp
+    bad = REVIEWS.replace("1363392000", "")
+    with pytest.raises(DataFormatError) as e:
+        read("amazon_csv", write(tmp_path / "bad.csv", bad))
+    one_line_error(e, "bad.csv:4", "missing field")
+    with pytest.raises(DataFormatError) as e:
+        read("amazon_csv", write(tmp_path / "bad2.csv", "A1,B1,5.0,1382745600\nA2,B2,5.0,12:00\n"))
+    one_line_error(e, "bad2.csv:2", "timestamp is not an integer")
+    with pytest.raises(DataFormatError) as e:
+        read("amazon_csv", write(tmp_path / "bad3.csv", "A1,B1,5.0,1382745600\nA2,B2,5.0,1,2\n"))
+    one_line_error(e, "bad3.csv:2")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_amazon_json(tmp_path, gz):
+    recs = [{"reviewerID": "A2", "asin": "0000013714", "overall": 5.0, "unixReviewTime": 1203984000},
+            {"reviewerID": "A3", "asin": "B1", "unixReviewTime": "1203984001", "reviewText": "a\nb"}]
+    text = "\n".join(json.dumps(r) for r in recs[:1]) + "\n\n" + json.dumps(recs[1]) + "  \n"
+    assert rows(read("amazon_json", write(tmp_path / "r.json.gz", text, gz))) == [
+        ("A2", "0000013714", 1203984000), ("A3", "B1", 1203984001)]
+    with pytest.raises(DataFormatError) as e:
+        read("amazon_json", write(tmp_path / "bad.json", text + '{"reviewerID": "A4", "asin": "B"}\n'))
+    one_line_error(e, "bad.json:4", "not a review record")
+    with pytest.raises(DataFormatError) as e:
+        read("amazon_json", write(tmp_path / "bad2.json", text + json.dumps(
+            {"reviewerID": "A", "asin": "B", "unixReviewTime": 1.5}) + "\n"))
+    one_line_error(e, "bad2.json:4", "timestamp is not an integer")
+
+
+def test_lcrec_json(tmp_path):
+    text = json.dumps({"0": [0, 1, 2], "1": [2, "x"]}, indent=4)
+    assert rows(read("lcrec_json", write(tmp_path / "I.inter.json", text))) == [
+        ("0", "0", None), ("0", "1", None), ("0", "2", None), ("1", "2", None), ("1", "x", None)]
+    with pytest.raises(DataFormatError) as e:
+        read("lcrec_json", write(tmp_path / "bad.json", '{\n "0": [1, 2],\n "1": [3,, 4]\n}'))
+    one_line_error(e, "bad.json:3", "invalid JSON")
+    with pytest.raises(DataFormatError) as e:
+        read("lcrec_json", write(tmp_path / "bad2.json", '{\n "0": [1, 2],\n "1": 3\n}'))
+    one_line_error(e, "bad2.json:3", "user '1' has no item list")
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_wrong_format_is_an_error(tmp_path, fmt):
+    # a MovieLens ratings.dat is not in any other format; ml_dat gets an S3-Rec file instead
+    text = "1 2 3 4 5\n" if fmt == "ml_dat" else "1::1193::5::978300760\n1::661::3::978302109\n"
+    with pytest.raises(DataFormatError) as e:
+        read(fmt, write(tmp_path / "wrong.txt", text))
+    one_line_error(e, "wrong.txt")
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_empty_and_missing(tmp_path, fmt):
+    with pytest.raises(DataFormatError) as e:
+        read(fmt, write(tmp_path / "empty.txt", "\n\n  \n"))
+    one_line_error(e, "empty.txt")
+    with pytest.raises(FileNotFoundError) as e:
+        read(fmt, tmp_path / "nope" / "x.txt")
+    one_line_error(e, str((tmp_path / "nope" / "x.txt").resolve()), "BFTREC_DATA_ROOT", "data_root")
+
+
+def test_long_offending_text_is_truncated(tmp_path):
+    with pytest.raises(DataFormatError) as e:
+        read("sasrec", write(tmp_path / "bad.txt", "1 2\n" + " ".join(["9"] * 500) + "\n"))
+    assert len(str(e.value)) < 300

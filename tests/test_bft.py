@@ -1,0 +1,530 @@
+"""Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``) against BFT.md §5.
+
+§5.1 degenerate case, §5.2 limits, §5.3 expanded square, §5.4 no leakage (and the s₀² buffer
+semantics of §1), §5.5 batch independence, §5.6 stability on real data (``data`` marker), §5.7
+Jacobian; plus NaN-free empty rows, gradient flow, ``detach_precision_grad``, the parameter
+overhead of §0, config errors and the mechanism format of §6. §5.8 (cost) is
+``scripts/bench_layer.py``, never a timed test.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from bftrec.config import ConfigError, merge_schema
+from bftrec.layers import LAYER_CONFIGS, Masks, StandardLayerConfig, build_masks, build_stack, masked_softmax
+from bftrec.layers.bft import (
+    BFTLayerConfig,
+    BFTParams,
+    BFTSASRecBlock,
+    BFTStack,
+    LayerRun,
+    TauConfig,
+    bft_overhead,
+)
+from bftrec.layers.precision import (
+    ffn_jacobian_diag,
+    kalman_update,
+    kish_sums,
+    kriging_moments,
+    prenorm_ffn_jacobian_diag,
+    reml_shrinkage,
+)
+from bftrec.models import MODELS, DataInfo
+from bftrec.models.sasrec import SASRecBlock, SASRecConfig
+
+N_ITEMS = 40
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bft_cfg(**kw) -> BFTLayerConfig:
+    """BFTLayerConfig with overrides ``tau_<field>`` / ``bft_<field>``."""
+    tau = {k[4:]: v for k, v in kw.items() if k.startswith("tau_")}
+    bft = {k[4:]: v for k, v in kw.items() if k.startswith("bft_")}
+    return BFTLayerConfig(tau=TauConfig(**tau), bft=BFTParams(**bft))
+
+
+def info(n_items: int = N_ITEMS, seed: int = 0) -> DataInfo:
+    counts = np.random.default_rng(seed).integers(0, 30, n_items + 1)
+    counts[0] = 0
+    return DataInfo(n_items=n_items, train_counts=counts.astype(np.int64))
+
+
+def sasrec(layer_cfg, seed: int = 0, dropout: float = 0.0, **kw):
+    torch.manual_seed(seed)
+    cfg = SASRecConfig(d_model=16, n_heads=2, d_ff=32, n_layers=2, max_len=12, dropout=dropout,
+                       attn_dropout=dropout, **kw)
+    return MODELS.get("sasrec")(cfg, layer_cfg, info())
+
+
+def sequences(B: int = 4, L: int = 12, seed: int = 0, pad: tuple = (0, 3, 7, 11)) -> torch.Tensor:
+    """(B, L) int64 left-padded item ids; row i has ``pad[i]`` padding columns."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, N_ITEMS + 1, (B, L), generator=g)
+    for i, p in enumerate(pad[:B]):
+        x[i, :p] = 0
+    return x
+
+
+def buffers(model) -> dict:
+    return {k: v.clone() for k, v in model.named_buffers()}
+
+
+def restore(model, saved: dict) -> None:
+    with torch.no_grad():
+        for k, v in model.named_buffers():
+            v.copy_(saved[k])
+
+
+# ------------------------------------------------------------------------------------------ §5.1
+def test_degenerate_uniform_equals_standard_and_learned_differs():
+    std = sasrec(StandardLayerConfig(), seed=1, dropout=0.2)
+    uni = sasrec(bft_cfg(bft_precision="uniform"), seed=2, dropout=0.2)
+    lrn = sasrec(bft_cfg(), seed=3, dropout=0.2)
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)  # (4, 13) training windows
+    for m in (uni, lrn):
+        m.train()
+        m.calibrate({"seq": seq})  # non-trivial s0² (the state a trained model has)
+        missing, unexpected = m.load_state_dict(std.state_dict(), strict=False)
+        assert not unexpected
+        extras = {"stack.tau.tau"} | {f"stack.blocks.{i}.{n}" for i in range(2)
+                                       for n in ("theta_q", "s0sq", "s0sq_ready")}
+        assert set(missing) == extras
+    for m in (std, uni, lrn):
+        m.eval()
+    batch = {"item_seq": sequences(seed=5)}
+    with torch.no_grad():
+        ref, got, other = std.score_items(batch), uni.score_items(batch), lrn.score_items(batch)
+        mech = uni.mechanism(batch)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got))
+    assert torch.allclose(got[fin], ref[fin], atol=1e-5, rtol=0)
+    assert (other[fin] - ref[fin]).abs().max() > 1e-4  # learned precision changes the scores (>> 1e-5)
+    valid = batch["item_seq"] != 0
+    for layer in mech["layers"]:  # uniform: K = 1, while λ^obs is still computed
+        assert torch.allclose(layer["K"][valid], torch.ones(int(valid.sum())))
+        assert (layer["lam_obs"][valid] > 0).all() and torch.isfinite(layer["lam_obs"]).all()
+
+
+# ------------------------------------------------------------------------------------------ §5.2
+def test_kalman_limits():
+    torch.manual_seed(0)
+    B, T, D = 2, 5, 4
+    h, o = torch.randn(B, T, D), torch.randn(B, T, D)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[0, :2] = False
+    lam = torch.rand(B, T, D) + 0.5
+    h1, lam1, K = kalman_update(h, o, lam, torch.full((B, T, D), 1e-12), valid)  # λ^obs -> 0
+    assert K.max() < 1e-11 and torch.allclose(h1, h, atol=1e-10)
+    h1, _, K = kalman_update(h, o, torch.full((B, T, D), 1e-12), torch.rand(B, T, D) + 0.5, valid)  # λ -> 0
+    assert torch.allclose(K[valid], torch.ones_like(K[valid]), atol=1e-11)
+    assert torch.allclose(h1[valid], (h + o)[valid], atol=1e-6)
+    assert (K[~valid] == 0).all() and (lam1[~valid] == 0).all()  # padding: K = 0, λ = 0 exactly
+    assert torch.equal(h1[~valid], h[~valid])
+    _, lam1, K = kalman_update(h, o, lam, lam, valid)  # equal precisions: K = 1/2, λ' = 2λ
+    assert torch.allclose(K[valid], torch.full_like(K[valid], 0.5))
+    assert torch.allclose(lam1[valid], 2 * lam[valid])
+
+
+# ------------------------------------------------------------------------------------------ §5.3
+def test_expanded_square_matches_naive():
+    torch.manual_seed(0)
+    B, H, T, d = 3, 2, 6, 5
+    items = torch.randint(1, 9, (B, T))
+    items[1, :4] = 0  # left padding: query rows 0..3 have no valid key
+    items[2, :] = 0  # all padding
+    masks = build_masks(items, causal=True)
+    alpha = masked_softmax(torch.randn(B, H, T, T, dtype=torch.float64) * 3, masks.attn)
+    v = torch.randn(B, H, T, d, dtype=torch.float64)
+    m, S = kriging_moments(alpha, v)
+    m_naive = (alpha[..., None] * v[:, :, None, :, :]).sum(3)  # (B, H, T, T, d) -> (B, H, T, d)
+    S_naive = (alpha[..., None] * (v[:, :, None, :, :] - m_naive[:, :, :, None, :]) ** 2).sum(3)
+    assert torch.allclose(m, m_naive, atol=1e-12) and torch.allclose(S, S_naive, atol=1e-12)
+    a2, b = kish_sums(alpha)
+    ok = alpha.sum(-1) > 0
+    assert torch.equal(ok, masks.attn.any(-1).expand(B, H, T))
+    n_naive = 1 / (alpha ** 2).sum(-1)[ok]
+    assert torch.allclose(1 / a2[ok], n_naive) and torch.allclose(b[ok] / a2[ok], n_naive - 1, atol=1e-10)
+    assert (a2[~ok] == 0).all() and (b[~ok] == 0).all() and (m[~ok] == 0).all() and (S[~ok] == 0).all()
+
+
+def test_kish_n_minus_one_does_not_collapse_in_float32():
+    alpha = torch.softmax(torch.tensor([[0.0, -math.log(1e8)]]), -1)  # weights ≈ (1 − 1e-8, 1e-8)
+    a2, b = kish_sums(alpha)
+    assert (1 / a2 - 1).item() == 0.0  # the subtraction collapses in float32 ...
+    assert b.item() / a2.item() == pytest.approx(1e-8, rel=1e-3)  # ... the elementwise sum does not
+
+
+def test_reml_shrinkage_limits():
+    S = torch.full((1, 1, 2, 3), 4.0)
+    S[0, 0, 0] = 0.0  # one key: the plug-in variance is 0
+    s0sq = torch.full((1, 3), 9.0)
+    ok = torch.ones(1, 1, 2, dtype=torch.bool)
+    a2 = torch.tensor([[[1.0, 1e-4]]])  # n = 1 and n = 1e4
+    b = 1 - a2
+    var_m = reml_shrinkage(S, a2, b, s0sq, 1.0, ok)
+    assert torch.allclose(var_m[0, 0, 0], torch.full((3,), 9.0))  # n = 1: the prior alone decides
+    n = 1e4
+    assert torch.allclose(var_m[0, 0, 1], torch.full((3,), (9 + n * 4) / n / n))  # (ν₀s₀² + nS)/(ν₀+n−1)/n
+
+
+# ------------------------------------------------------------------------------------------ §5.4
+def _outputs(model, seq: torch.Tensor, seed: int, saved: dict) -> dict:
+    """h, final λ, mechanism and per-position CE of one training window seq (B, L + 1).
+
+    Both forwards start from the same buffers ``saved`` (a training forward updates s₀² afterwards).
+    """
+    inputs, targets = seq[:, :-1], seq[:, 1:]
+    restore(model, saved)
+    torch.manual_seed(seed)
+    mech: dict = {}
+    h = model.encode(inputs, mech=mech)
+    restore(model, saved)
+    torch.manual_seed(seed)
+    _, lam = model.stack.forward_with_precision(model.embed(inputs), inputs, build_masks(inputs, True))
+    logits = h @ model.item_emb.weight.t()  # (B, L, N + 1)
+    ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, L)
+    out = {"h": h, "lam": lam, "ce": ce, "lam0": mech["lam0"]}
+    for i, layer in enumerate(mech["layers"]):
+        out.update({f"{k}{i}": layer[k] for k in ("K", "lam_obs", "n_eff")})
+    return out
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_no_leakage_from_future_tokens(train):
+    model = sasrec(bft_cfg(), dropout=0.2)
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)  # (4, 13)
+    model.calibrate({"seq": seq})
+    model.train(train)
+    saved = buffers(model)
+    t = 7
+    seq2 = seq.clone()
+    seq2[:, t + 1:] = torch.randint(1, N_ITEMS + 1, seq2[:, t + 1:].shape, generator=torch.Generator().manual_seed(9))
+    a = _outputs(model, seq, 3, saved)
+    b = _outputs(model, seq2, 3, saved)
+    for k in a:
+        cut = t if k == "ce" else t + 1  # the loss term at t has target seq[t + 1], which changed
+        assert torch.equal(a[k][:, :cut], b[k][:, :cut]), k
+    assert not torch.allclose(a["h"][:, t + 1:], b["h"][:, t + 1:])  # the change is real
+
+
+def test_prior_buffer_uses_pre_forward_value_and_eval_does_not_update():
+    model = sasrec(bft_cfg(bft_s0_momentum=0.5), dropout=0.2)
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)
+    model.calibrate({"seq": seq})
+    other = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12, seed=4)], 1)
+    saved = buffers(model)
+    model.eval()
+    with torch.no_grad():
+        e1 = model.encode(seq[:, :-1])
+    assert all(torch.equal(v, saved[k]) for k, v in model.named_buffers())  # eval: no update
+    model.train()
+    torch.manual_seed(0)
+    h1 = model.encode(other[:, :-1])  # uses the saved s0², then updates the buffers
+    assert not torch.equal(model.stack.blocks[0].s0sq, saved["stack.blocks.0.s0sq"])
+    torch.manual_seed(0)
+    h2 = model.encode(other[:, :-1])  # uses the updated s0²: differs, so the buffer matters
+    assert not torch.allclose(h1, h2, atol=1e-6)
+    restore(model, saved)
+    torch.manual_seed(0)
+    h3 = model.encode(other[:, :-1])  # same pre-forward buffer: identical output
+    assert torch.equal(h1, h3)
+    model.eval()
+    restore(model, saved)
+    with torch.no_grad():
+        assert torch.equal(model.encode(seq[:, :-1]), e1)
+
+
+def test_calibration_sets_prior_layer_by_layer():
+    model = sasrec(bft_cfg())
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)
+    assert not any(bool(b.s0sq_ready) for b in model.stack.blocks)
+    model.eval()
+    model.calibrate({"seq": seq})
+    first = [b.s0sq.clone() for b in model.stack.blocks]
+    assert all(bool(b.s0sq_ready) for b in model.stack.blocks)
+    assert all((s > 0).all() and not torch.allclose(s, torch.ones_like(s)) for s in first)
+    assert first[0].abs().sub(first[1].abs()).abs().max() > 0  # per layer
+    model.calibrate({"seq": seq})  # fixed point: layer l only sees calibrated layers < l
+    assert all(torch.allclose(b.s0sq, s) for b, s in zip(model.stack.blocks, first))
+
+
+# ------------------------------------------------------------------------------------------ §5.5
+def test_batch_independence_at_eval():
+    model = sasrec(bft_cfg(), dropout=0.2)
+    model.calibrate({"seq": torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)})
+    model.eval()
+    x = sequences(seed=1)
+    with torch.no_grad():
+        full = model.score_items({"item_seq": x})
+        for i in range(len(x)):
+            mix = torch.cat([x[i:i + 1], sequences(B=3, seed=10 + i)], 0)
+            alone = model.score_items({"item_seq": x[i:i + 1]})
+            mixed = model.score_items({"item_seq": mix})[:1]
+            fin = torch.isfinite(full[i:i + 1])
+            assert torch.allclose(alone[fin], full[i:i + 1][fin], atol=1e-5, rtol=0)
+            assert torch.allclose(mixed[fin], full[i:i + 1][fin], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ §5.6
+def _sports_windows(max_len: int) -> tuple[torch.Tensor, int, np.ndarray]:
+    """Training windows (U, max_len + 1) of Amazon Sports, n_items, training counts (N + 1,)."""
+    try:
+        from bftrec.data.batches import train_windows
+        from bftrec.data.datasets import dataset_config, load_dataset
+
+        data = load_dataset(dataset_config("sports"))
+        wins = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))
+        return wins[wins[:, -1] != 0], data.n_items, data.train_counts()
+    except (ImportError, AttributeError, NotImplementedError):  # data package not usable yet
+        path = Path(os.environ["BFTREC_DATA_ROOT"]) / "amazon_sports_2014_5core" / "Sports_and_Outdoors.txt"
+        seqs = [list(map(int, ln.split()[1:])) for ln in path.read_text().splitlines() if ln.strip()]
+        n_items = max(max(s) for s in seqs)
+        counts = np.zeros(n_items + 1, dtype=np.int64)
+        wins = np.zeros((len(seqs), max_len + 1), dtype=np.int64)
+        for u, s in enumerate(seqs):
+            train = s[:-2]  # leave-one-out: last two are validation and test targets
+            np.add.at(counts, train, 1)
+            w = train[-(max_len + 1):]
+            wins[u, max_len + 1 - len(w):] = w
+        return torch.from_numpy(wins), n_items, counts
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not os.environ.get("BFTREC_DATA_ROOT"), reason="BFTREC_DATA_ROOT is not set")
+def test_stability_one_epoch_on_sports():
+    torch.manual_seed(0)
+    max_len, bs = 20, 512
+    wins, n_items, counts = _sports_windows(max_len)
+    cfg = SASRecConfig(d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=max_len, loss="sampled_softmax",
+                       n_negatives=128)
+    model = MODELS.get("sasrec")(cfg, bft_cfg(), DataInfo(n_items=n_items, train_counts=counts))
+    lo, hi = model.stack.cfg.bft.clamp_min, model.stack.cfg.bft.clamp_max
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    model.calibrate({"seq": wins[:bs]})
+    model.stack.probe = {}
+    perm = torch.randperm(len(wins))
+    first = last = None
+    for idx in perm.split(bs):
+        loss = model.training_loss({"seq": wins[idx]})
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        for name, p in model.named_parameters():
+            assert p.grad is None or torch.isfinite(p.grad).all(), name
+        opt.step()
+        first = float(loss.detach()) if first is None else first
+        last = float(loss.detach())
+    assert last < first  # it learns
+    for name, ranges in model.stack.probe.items():  # every clamped quantity, every layer and step
+        mins, maxs = np.array([r[0] for r in ranges]), np.array([r[1] for r in ranges])
+        assert (mins > lo * 10).all() and (maxs < hi / 10).all(), (name, mins.min(), maxs.max())
+    assert set(model.stack.probe) == {"lam", "lam_obs", "lam1", "lam2"}
+    model.stack.probe = None
+
+
+# ------------------------------------------------------------------------------------------ §5.7
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_jacobian_closed_form_matches_autograd(approximate):
+    torch.manual_seed(0)
+    D, Fw = 5, 7
+    dt = torch.float64
+    gamma, beta = torch.randn(D, dtype=dt), torch.randn(D, dtype=dt)
+    w1, b1 = torch.randn(Fw, D, dtype=dt), torch.randn(Fw, dtype=dt)
+    w2, b2 = torch.randn(D, Fw, dtype=dt), torch.randn(D, dtype=dt)
+    x = torch.randn(2, 3, D, dtype=dt)
+
+    def ffn(y):
+        return F.linear(F.gelu(F.linear(y, w1, b1), approximate=approximate), w2, b2)
+
+    J = prenorm_ffn_jacobian_diag(x, gamma, beta, 1e-5, w1, b1, w2, approximate)
+    J_post = ffn_jacobian_diag(F.linear(x, w1, b1), w1, w2, approximate)
+    for i in range(2):
+        for t in range(3):
+            full = torch.autograd.functional.jacobian(lambda v: ffn(F.layer_norm(v, (D,), gamma, beta, 1e-5)),
+                                                      x[i, t])
+            assert torch.allclose(J[i, t], full.diagonal(), atol=1e-5, rtol=0)
+            full_post = torch.autograd.functional.jacobian(ffn, x[i, t])
+            assert torch.allclose(J_post[i, t], full_post.diagonal(), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ §5 (NaN, gradients)
+def test_rows_without_valid_key_have_no_nan_and_gradients_reach_everything():
+    model = sasrec(bft_cfg(), dropout=0.2)
+    seq = torch.cat([torch.zeros(5, 1, dtype=torch.long), sequences(B=5, pad=(0, 3, 7, 11, 12))], 1)
+    model.calibrate({"seq": seq})
+    model.train()
+    h = model.encode(seq[:, :-1])
+    assert torch.isfinite(h).all()
+    loss = model.training_loss({"seq": seq})
+    loss.backward()
+    last = f"stack.blocks.{len(model.stack.blocks) - 1}.theta_q"
+    for name, p in model.named_parameters():
+        if name == last:  # the last λ'' feeds no later layer nor the loss: Q of the last layer has no gradient
+            assert p.grad is None
+            continue
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if name != "item_emb.weight":
+            assert p.grad.abs().sum() > 0, name
+    present = torch.unique(seq[:, :-1][seq[:, :-1] != 0])
+    assert (model.stack.tau.tau.grad[present].abs() > 0).all()
+
+
+def test_valid_query_without_keys_gets_zero_gain():
+    torch.manual_seed(0)
+    block = BFTSASRecBlock(8, 2, 16, 0.0, 0.0, bft_cfg=BFTParams())
+    h = torch.randn(2, 4, 8, requires_grad=True)
+    lam = torch.rand(2, 4, 8) + 1
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    attn = torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4).clone()
+    attn[0, 0, 2] = False  # a valid query that may attend no key
+    h2, lam2, st = block(h, lam, Masks(attn=attn, valid=valid), run=LayerRun(want_stats=True))
+    assert st["K"][0, 2] == 0 and st["lam_obs"][0, 2] == 0 and st["n_eff"][0, 2] == 0
+    (h2.sum() + lam2.sum()).backward()
+    assert torch.isfinite(h2).all() and torch.isfinite(lam2).all() and torch.isfinite(h.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in block.parameters())
+
+
+def test_detach_precision_grad():
+    """Detached: λ carries no gradient into activations or block weights; τ and Q still learn; same forward."""
+    full = sasrec(bft_cfg(), seed=0)
+    det = sasrec(bft_cfg(bft_detach_precision_grad=True), seed=0)
+    det.load_state_dict(full.state_dict())
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)
+    x = seq[:, :-1]
+    masks = build_masks(x, True)
+    for m in (full, det):
+        m.eval()
+        m.zero_grad()
+        _, lam = m.stack.forward_with_precision(m.embed(x), x, masks)
+        lam[masks.valid].log().sum().backward()
+    block_grads = [p.grad for n, p in det.named_parameters() if ".blocks." in n and "theta_q" not in n]
+    assert all(g is None or not g.any() for g in block_grads)  # no gradient from λ into block weights
+    assert det.item_emb.weight.grad is None or not det.item_emb.weight.grad.any()
+    assert det.stack.tau.tau.grad.abs().sum() > 0
+    assert all(b.theta_q.grad.abs().sum() > 0 for b in det.stack.blocks)
+    assert full.stack.blocks[0].ffn.w1.weight.grad.abs().sum() > 0  # default: λ'' depends on J(W₁)
+    for m in (full, det):
+        m.zero_grad()
+        m.training_loss({"seq": seq}).backward()
+    assert torch.equal(full.encode(x), det.encode(x))  # the forward is the same
+    assert det.stack.tau.tau.grad.abs().sum() > 0 and det.stack.blocks[0].theta_q.grad.abs().sum() > 0
+    g_full, g_det = full.stack.blocks[0].attn.out.weight.grad, det.stack.blocks[0].attn.out.weight.grad
+    assert not torch.allclose(g_full, g_det)  # the W_O ⊙ W_O path is cut
+
+
+def test_precision_is_float32_under_autocast():
+    model = sasrec(bft_cfg())
+    model.eval()
+    x = sequences()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        mech: dict = {}
+        h, lam = model.stack.forward_with_precision(model.embed(x), x, build_masks(x, True), mech=mech)
+    assert lam.dtype == torch.float32 and mech["layers"][0]["K"].dtype == torch.float32
+    assert torch.isfinite(lam).all() and torch.isfinite(h.float()).all()
+
+
+# ------------------------------------------------------------------------------------------ §6
+def test_mechanism_format():
+    model = sasrec(bft_cfg())
+    model.eval()
+    x = sequences()
+    mech = model.mechanism({"item_seq": x})
+    valid = x != 0
+    B, L = x.shape
+    assert mech["lam0"].shape == (B, L) and mech["lam0"].dtype == torch.float32
+    assert (mech["lam0"][~valid] == 0).all() and (mech["lam0"][valid] > 0).all()
+    assert len(mech["layers"]) == 2
+    for layer in mech["layers"]:
+        assert set(layer) == {"K", "lam_obs", "n_eff", "Q"}
+        for k in ("K", "lam_obs", "n_eff"):
+            assert layer[k].shape == (B, L) and layer[k].dtype == torch.float32 and not layer[k].requires_grad
+            assert (layer[k][~valid] == 0).all()
+        assert ((layer["K"][valid] > 0) & (layer["K"][valid] < 1)).all()
+        assert (layer["n_eff"][valid] >= 1 - 1e-5).all()
+        assert layer["Q"].shape == (16,) and layer["Q"].dtype == torch.float32
+    # Kish n of the first valid position is exactly 1 (one key: itself)
+    first = valid.float().argmax(1)
+    assert torch.allclose(mech["layers"][0]["n_eff"][torch.arange(B), first], torch.ones(B))
+
+
+# ------------------------------------------------------------------------------------------ §0, config
+@pytest.mark.parametrize("kw", [{}, {"tau_dims": 16}, {"tau_kind": "mlp"}, {"tau_kind": "mlp", "tau_dims": 16}])
+def test_parameter_overhead(kw):
+    n_std = sum(p.numel() for p in sasrec(StandardLayerConfig()).parameters())
+    cfg = bft_cfg(**kw)
+    n_bft = sum(p.numel() for p in sasrec(cfg).parameters())
+    n_tokens, n_layers, D = N_ITEMS + 1, 2, 16
+    assert n_bft - n_std == bft_overhead(cfg, n_tokens, n_layers, D)
+    if cfg.tau.kind == "item":
+        assert n_bft - n_std == n_tokens * cfg.tau.dims + n_layers * D
+    else:
+        assert n_bft - n_std == 16 * (D + 1) + cfg.tau.dims * 17 + n_layers * D
+
+
+def test_initial_precision_scale_slope_and_q():
+    model = sasrec(bft_cfg())
+    v0 = model.input_variance()
+    tau = model.stack.tau.tau.detach()[1:, 0]
+    assert torch.allclose(tau, torch.full_like(tau, math.log(1 / v0)))
+    q = model.stack.blocks[1].process_noise()
+    assert torch.allclose(q, torch.full_like(q, 0.1 * v0), rtol=1e-5)  # Q = 0.1 / λ⁰
+    unit = sasrec(bft_cfg(tau_scale="unit", tau_freq_slope=0.5))
+    counts = torch.from_numpy(info().train_counts).double()
+    want = 0.5 * (torch.log1p(counts[1:]) - torch.log1p(counts[1:]).mean())
+    assert torch.allclose(unit.stack.tau.tau.detach()[1:, 0].double(), want, atol=1e-6)
+    mlp = sasrec(bft_cfg(tau_kind="mlp", tau_scale="unit"))
+    mech = mlp.mechanism({"item_seq": sequences()})
+    valid = sequences() != 0
+    assert torch.allclose(mech["lam0"][valid], torch.ones(int(valid.sum())))  # MLP's last layer starts at 0
+    loss = mlp.training_loss({"seq": torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)})
+    loss.backward()
+    assert mlp.stack.tau.mlp_w2.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kw,key", [
+    ({"tau_kind": "table"}, "layer.tau.kind"),
+    ({"tau_scale": "log"}, "layer.tau.scale"),
+    ({"bft_precision": "fixed"}, "layer.bft.precision"),
+    ({"bft_prior_dof": 0.0}, "layer.bft.prior_dof"),
+    ({"bft_prior_dof": -1.0}, "layer.bft.prior_dof"),
+    ({"tau_dims": 3}, "layer.tau.dims"),
+    ({"bft_s0_momentum": 0.0}, "layer.bft.s0_momentum"),
+    ({"bft_clamp_min": 0.0}, "layer.bft.clamp_min"),
+])
+def test_bad_config_values_raise(kw, key):
+    with pytest.raises(ConfigError) as err:
+        sasrec(bft_cfg(**kw))
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg and str(next(iter(kw.values()))) in msg
+
+
+def test_no_variant_for_unknown_block():
+    class OtherBlock(SASRecBlock):
+        pass
+
+    with pytest.raises(ConfigError, match="layer=bft is not available for OtherBlock; BFT variants exist for: .*SASRecBlock"):
+        build_stack(BFTLayerConfig(), OtherBlock, 2, n_tokens=5, precision_ctx={"input_variance": 1.0},
+                    d_model=8, n_heads=2, d_ff=16, dropout=0.0, attn_dropout=0.0)
+    stack = build_stack(BFTLayerConfig(), SASRecBlock, 2, n_tokens=5, precision_ctx={"input_variance": 1.0},
+                        d_model=8, n_heads=2, d_ff=16, dropout=0.0, attn_dropout=0.0)
+    assert isinstance(stack, BFTStack) and all(type(b) is BFTSASRecBlock for b in stack.blocks)
+
+
+def test_yaml_matches_dataclass():
+    raw = OmegaConf.load(ROOT / "configs" / "layer" / "bft.yaml")
+    assert merge_schema(LAYER_CONFIGS["bft"], raw, "layer") == BFTLayerConfig()
+    assert set(raw.tau) == set(TauConfig.__dataclass_fields__) and set(raw.bft) == set(BFTParams.__dataclass_fields__)
+    bad = copy.deepcopy(raw)
+    bad.tau.kindd = "item"
+    with pytest.raises(ConfigError, match="kindd"):
+        merge_schema(LAYER_CONFIGS["bft"], bad, "layer")

@@ -1,0 +1,465 @@
+"""The backbone contract, checked for every registered backbone x every layer variant.
+
+The parametrisation reads the registry (``MODELS.names()`` x ``sorted(LAYER_CONFIGS)``), so a new
+backbone (one model file, one import line, one yaml; docs/ADD_A_BACKBONE.md) is covered without
+editing this file. A pair whose layer variant does not exist yet (``build_stack`` raises a
+``ConfigError`` saying "not available", e.g. a backbone without a BFT twin) is marked
+``xfail(strict=True)`` at collection: the suite stays green, and the mark disappears by itself, so the
+checks start to bind, as soon as the variant exists.
+
+Every check is a plain function ``check_*(factory)`` over a model factory, so the same functions run
+on the toy backbone (``tests/toy_backbone.py``), which is registered only inside its own tests (a
+scoped copy of the registry), so that no other test file ever sees it.
+
+Tiny setting: d_model 16, 2 blocks, 2 heads, max_len 8, 30 items, 5 left-padded random sequences
+with increasing unix timestamps.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import bftrec.models  # noqa: F401  the import lines register every backbone
+from bftrec.config import ConfigError, merge_schema
+from bftrec.layers import LAYER_CONFIGS
+from bftrec.models import MODELS, DataInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+TOY_FILE = Path(__file__).resolve().parent / "toy_backbone.py"
+TOY_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+N_ITEMS, MAX_LEN, BATCH = 30, 8, 5
+COMMON_FIELDS = ("name", "d_model", "n_layers", "n_heads", "d_ff", "dropout", "attn_dropout", "max_len",
+                 "loss", "n_negatives", "init_std")
+TINY = dict(d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=MAX_LEN, dropout=0.1, attn_dropout=0.1,
+            n_negatives=8)
+ATOL = 1e-5
+# Parameter tensors that legitimately get no gradient from the training loss (regex on the name;
+# ``{last}`` = index of the last block), each with its reason. Keep this list short and explained.
+NO_GRAD_OK = {
+    r"stack\.blocks\.{last}\.theta_q": "BFT: the last block's process noise Q only shapes the final "
+    "precision λ'' (BFT.md §3), which no loss reads; BFTStack does not even compute it then",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors run ~10x faster on one intra-op thread than on two contended ones; restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------------------------
+# data and model factories
+# ----------------------------------------------------------------------------------------------
+def data_info(has_timestamps: bool = True, n_items: int = N_ITEMS) -> DataInfo:
+    counts = np.random.default_rng(0).integers(1, 20, n_items + 1).astype(np.int64)
+    counts[0] = 0
+    return DataInfo(n_items=n_items, train_counts=counts, has_timestamps=has_timestamps)
+
+
+def batches(seed: int = 0) -> tuple[dict, dict]:
+    """A training batch ``seq``/``time`` (B, L + 1) and a scoring batch ``item_seq``/``time`` (B, L).
+
+    Row lengths (of the L + 1 window) are L + 1, L, 5, 2, 1: full rows and left padding; every
+    scoring row holds at least one item. Timestamps strictly increase along a row, 0 on padding.
+    """
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([MAX_LEN + 1, MAX_LEN, 5, 2, 1])  # (B,)
+    seq = torch.randint(1, N_ITEMS + 1, (BATCH, MAX_LEN + 1), generator=g)  # (B, L + 1)
+    valid = torch.arange(MAX_LEN + 1)[None] >= (MAX_LEN + 1 - lengths[:, None])  # (B, L + 1)
+    time = (1_600_000_000 + torch.randint(1, 10**6, seq.shape, generator=g).cumsum(1)) * valid
+    seq = seq * valid
+    return {"seq": seq, "time": time}, {"item_seq": seq[:, 1:], "time": time[:, 1:]}
+
+
+def _calibrate(model, train: dict) -> None:
+    """What the trainer does before the first step (a no-op for standard layers)."""
+    rng = torch.get_rng_state()
+    model.calibrate(train)
+    torch.set_rng_state(rng)
+
+
+class Factory:
+    """``factory(seed=0, **overrides)`` -> a tiny, calibrated model of one backbone x layer."""
+
+    def __init__(self, model_cls: type, layer: str, has_timestamps: bool = True, **overrides) -> None:
+        self.model_cls, self.layer, self.has_timestamps = model_cls, layer, has_timestamps
+        self.overrides = {**TINY, **overrides}
+
+    def __call__(self, seed: int = 0, **overrides):
+        torch.manual_seed(seed)
+        cfg = self.model_cls.Config(**{**self.overrides, **overrides})
+        model = self.model_cls(cfg, LAYER_CONFIGS[self.layer](), data_info(self.has_timestamps))
+        _calibrate(model, batches()[0])
+        return model
+
+
+def unavailable(model_cls: type, layer: str) -> str | None:
+    """The ConfigError text when ``layer`` has no variant for this backbone yet, else None."""
+    try:
+        Factory(model_cls, layer)()
+    except ConfigError as e:
+        if "not available" in str(e):
+            return str(e)
+    return None  # any other failure surfaces in the tests themselves
+
+
+def contract_params(registry=MODELS) -> list:
+    """pytest params (name, layer) over the registry x LAYER_CONFIGS, with automatic strict xfail."""
+    params = []
+    for name in registry.names():
+        for layer in sorted(LAYER_CONFIGS):
+            reason = unavailable(registry.get(name), layer)
+            marks = (pytest.mark.xfail(strict=True, raises=ConfigError, reason=f"no variant yet: {reason}")
+                     if reason else ())
+            params.append(pytest.param(name, layer, marks=marks, id=f"{name}-{layer}"))
+    return params
+
+
+# ----------------------------------------------------------------------------------------------
+# the contract checks (plain functions, reused on the toy backbone)
+# ----------------------------------------------------------------------------------------------
+def check_shapes(factory: Callable) -> None:
+    """encode (B, L, D) float; score_items (B, N + 1) float32 with column 0 -inf; scalar finite loss."""
+    train, score = batches()
+    model = factory().eval()
+    with torch.no_grad():
+        h = model.encode(score["item_seq"], score["time"])
+        s = model.score_items(score)
+    assert h.shape == (BATCH, MAX_LEN, model.cfg.d_model) and h.is_floating_point()
+    assert torch.isfinite(h).all()
+    assert s.shape == (BATCH, N_ITEMS + 1) and s.dtype == torch.float32
+    assert torch.isneginf(s[:, 0]).all(), "column 0 (padding) must be -inf"
+    assert torch.isfinite(s[:, 1:]).all(), "every item column must be finite"
+    loss = model.train().training_loss(train)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def check_no_nan_on_padding(factory: Callable) -> None:
+    """An all-padding row gives finite states and scores, and a finite loss and gradients."""
+    train, score = batches()
+    score = {k: torch.cat([torch.zeros_like(v[:1]), v[-1:]]) for k, v in score.items()}  # (2, L)
+    model = factory().eval()
+    with torch.no_grad():
+        assert torch.isfinite(model.encode(score["item_seq"], score["time"])).all()
+        s = model.score_items(score)
+    assert torch.isfinite(s[:, 1:]).all() and torch.isneginf(s[:, 0]).all()
+    train = {k: torch.cat([torch.zeros_like(v[:1]), v]) for k, v in train.items()}  # (B + 1, L + 1)
+    model.train()
+    loss = model.training_loss(train)
+    loss.backward()
+    assert torch.isfinite(loss)
+    for n, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), n
+
+
+def check_causality(factory: Callable) -> None:
+    """Causal: perturbing items/times after t changes nothing of ``encode`` at <= t (eval mode).
+
+    Bidirectional (``causal = False``): the same perturbation must change something at <= t, so a
+    backbone cannot silently lose its bidirectional mask either.
+    """
+    _, score = batches()
+    model = factory().eval()
+    g = torch.Generator().manual_seed(1)
+    for t in (1, MAX_LEN // 2, MAX_LEN - 2):
+        item_seq, time = score["item_seq"].clone(), score["time"].clone()
+        item_seq[:, t + 1:] = torch.randint(1, N_ITEMS + 1, item_seq[:, t + 1:].shape, generator=g)
+        time[:, t + 1:] = time[:, t:t + 1] + torch.randint(1, 10**7, time[:, t + 1:].shape, generator=g)
+        with torch.no_grad():
+            h0 = model.encode(score["item_seq"], score["time"])[:, : t + 1]
+            h1 = model.encode(item_seq, time)[:, : t + 1]
+        if model.causal:
+            torch.testing.assert_close(h1, h0, atol=ATOL, rtol=ATOL, msg=f"future leaks into position <= {t}")
+        else:
+            assert not torch.allclose(h1, h0, atol=ATOL), "bidirectional model ignores later positions"
+
+
+def check_left_padding_invariance(factory: Callable) -> None:
+    """Extra left padding (and any timestamp on it) changes no score (eval mode)."""
+    _, score = batches()
+    short = {k: v[:, 2:] for k, v in score.items()}  # (B, L - 2)
+    padded = {"item_seq": torch.cat([torch.zeros_like(short["item_seq"][:, :2]), short["item_seq"]], 1),
+              "time": torch.cat([torch.full_like(short["time"][:, :2], 123), short["time"]], 1)}  # (B, L)
+    model = factory().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.score_items(padded), model.score_items(short), atol=ATOL, rtol=ATOL)
+
+
+def check_batch_independence(factory: Callable) -> None:
+    """At eval, a sequence's scores do not depend on the other sequences of its batch."""
+    _, score = batches()
+    model = factory().eval()
+    with torch.no_grad():
+        full = model.score_items(score)
+        for i in range(BATCH):
+            one = model.score_items({k: v[i: i + 1] for k, v in score.items()})
+            torch.testing.assert_close(one, full[i: i + 1], atol=ATOL, rtol=ATOL)
+
+
+def check_gradients(factory: Callable) -> None:
+    """One training step's gradient reaches every parameter tensor, finite.
+
+    Per tensor, not per element: rows that one batch does not use (item rows of absent items,
+    position rows beyond the longest sequence, the padding row) legitimately get zero gradient.
+    The only tensors allowed no gradient at all are those of ``NO_GRAD_OK`` (with reasons).
+    """
+    import re
+
+    train, _ = batches()
+    model = factory().train()
+    model.training_loss(train).backward()
+    last = len(model.stack.blocks) - 1 if hasattr(model, "stack") else -1
+    exempt = [re.compile(pat.replace("{last}", str(last))) for pat in NO_GRAD_OK]
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None or any(e.fullmatch(n) for e in exempt), f"no gradient reaches {n}"
+            assert p.grad is None or torch.isfinite(p.grad).all(), f"non-finite gradient in {n}"
+
+
+def check_determinism(factory: Callable) -> None:
+    """Same seed -> same initial weights, same training loss (dropout, masks, negatives) and scores."""
+    train, score = batches()
+    out = []
+    for _ in range(2):
+        model = factory(seed=3).train()
+        torch.manual_seed(11)
+        loss = model.training_loss(train)
+        with torch.no_grad():
+            out.append((loss.detach(), model.eval().score_items(score)))
+    assert torch.equal(out[0][0], out[1][0])
+    assert torch.equal(out[0][1], out[1][1])
+
+
+def check_overfit(factory: Callable, steps: int = 100) -> None:
+    """Adam on one fixed batch: the loss of the last 10 steps is < 50% of the first step's."""
+    train, _ = batches()
+    model = factory(dropout=0.0, attn_dropout=0.0).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    losses = []
+    for _ in range(steps):
+        loss = model.training_loss(train)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    final = sum(losses[-10:]) / 10
+    assert final < 0.5 * losses[0], f"loss {losses[0]:.3f} -> {final:.3f}: cannot overfit one batch"
+
+
+def check_state_dict_round_trip(factory: Callable) -> None:
+    """save -> a model built with another seed -> load -> identical scores (buffers included)."""
+    train, score = batches()
+    model = factory(seed=0).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.training_loss(train).backward()  # also moves any running buffers (BFT s0²)
+    opt.step()
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    other = factory(seed=1).eval()
+    model.eval()
+    with torch.no_grad():
+        assert not torch.equal(other.score_items(score), model.score_items(score)), "seeds give equal models"
+        buf.seek(0)
+        other.load_state_dict(torch.load(buf, weights_only=True))
+        assert torch.equal(other.score_items(score), model.score_items(score))
+
+
+CHECKS = [check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
+          check_batch_independence, check_gradients, check_determinism, check_overfit,
+          check_state_dict_round_trip]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("name,layer", contract_params())
+def test_contract(name: str, layer: str, check: Callable) -> None:
+    check(Factory(MODELS.get(name), layer))
+
+
+# ----------------------------------------------------------------------------------------------
+# config contract over the registry
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MODELS.names())
+def test_config_has_common_fields_and_yaml(name: str) -> None:
+    """Common fields (shared overrides), a class-level ``causal``, and ``configs/model/<name>.yaml``
+    with keys exactly the dataclass fields and ``name`` equal to the registry name."""
+    cls = MODELS.get(name)
+    names = [f.name for f in fields(cls.Config)]
+    assert set(COMMON_FIELDS) <= set(names), f"missing common fields {set(COMMON_FIELDS) - set(names)}"
+    assert isinstance(cls.causal, bool)
+    yaml = OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml")
+    assert list(yaml.keys()) == names
+    assert yaml.name == name == cls.Config().name
+
+
+def _smoke_params() -> list:
+    smoke = OmegaConf.load(CONFIG_DIR / "debug" / "smoke.yaml")
+    n_items = smoke.dataset.synthetic.n_items
+    params = []
+    for name in MODELS.names():
+        cfg = MODELS.get(name).Config()
+        blocked = (cfg.loss == "sampled_softmax" and "n_negatives" not in smoke.model
+                   and cfg.n_negatives >= n_items)
+        marks = (pytest.mark.xfail(strict=True, raises=ConfigError,
+                                   reason=f"debug/smoke.yaml must set model.n_negatives < {n_items} "
+                                          f"(default {cfg.n_negatives} for {name})") if blocked else ())
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.mark.parametrize("name", _smoke_params())
+def test_smoke_overrides_build(name: str) -> None:
+    """``debug=smoke``'s model overrides build every backbone on the smoke data size."""
+    smoke = OmegaConf.load(CONFIG_DIR / "debug" / "smoke.yaml")
+    node = OmegaConf.merge(OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml"), smoke.model)
+    cfg = merge_schema(MODELS.get(name).Config, node, "model")
+    model = MODELS.get(name)(cfg, LAYER_CONFIGS["standard"](), data_info(n_items=smoke.dataset.synthetic.n_items))
+    assert model.cfg.d_model == smoke.model.d_model
+
+
+# ----------------------------------------------------------------------------------------------
+# the toy backbone: the three-file recipe of docs/ADD_A_BACKBONE.md
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def toy_cls(monkeypatch):
+    """Register the toy through the real path (its ``@MODELS.register``), scoped to one test.
+
+    ``MODELS._items`` is swapped for a copy and the module is executed fresh under a private name
+    (this stands in for the import line in ``bftrec/models/__init__.py``); both are restored after
+    the test, so the registry-parametrised tests in other files never see "toy".
+    """
+    monkeypatch.setattr(MODELS, "_items", dict(MODELS._items))
+    spec = importlib.util.spec_from_file_location("bftrec_tests_toy_backbone", TOY_FILE)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return MODELS.get("toy")
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_CONFIGS))
+def test_toy_passes_contract(toy_cls, layer: str, request) -> None:
+    """Every contract check passes on the toy; a missing layer variant is the same strict xfail."""
+    reason = unavailable(toy_cls, layer)
+    if reason:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=ConfigError, reason=f"no variant: {reason}"))
+    for check in CHECKS:
+        check(Factory(toy_cls, layer))
+
+
+def test_toy_is_picked_up_by_the_parametrisation(toy_cls) -> None:
+    """Registered before collection, the toy would be in every contract test: no test edit needed."""
+    ids = [p.id for p in contract_params()]
+    assert {f"toy-{layer}" for layer in LAYER_CONFIGS} <= set(ids)
+    assert {f"{name}-standard" for name in MODELS.names()} <= set(ids)
+
+
+def test_toy_composes_through_hydra(toy_cls) -> None:
+    """``model=toy`` composes with the real ``train.yaml`` and ``debug=smoke`` through an extra search
+    path (``tests/configs``), merges into ``ToyConfig`` and builds; yaml keys equal the fields."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "model=toy", "debug=smoke", f"hydra.searchpath=[file://{TOY_CONFIG_DIR}]"])
+    assert list(cfg.model.keys()) == [f.name for f in fields(toy_cls.Config)]
+    mc = merge_schema(MODELS.get(cfg.model.name).Config, cfg.model, "model")
+    assert mc.max_len == cfg.model.max_len == 12  # the smoke override reached the toy
+    model = MODELS.get(cfg.model.name)(mc, LAYER_CONFIGS[cfg.layer.name](),
+                                       data_info(n_items=cfg.dataset.synthetic.n_items))
+    s = model.eval().score_items({"item_seq": torch.tensor([[0, 3, 4]])})
+    assert s.shape == (1, cfg.dataset.synthetic.n_items + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# backbone-specific checks (BERT4Rec cloze, HSTU options)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("key,value", [("mask_prob", 0.0), ("mask_prob", 1.0), ("last_item_mask_share", 1.5),
+                                       ("max_len", 1)])
+def test_bert4rec_config_errors(key: str, value) -> None:
+    with pytest.raises(ConfigError, match=key) as e:
+        Factory(MODELS.get("bert4rec"), "standard")(**{key: value})
+    assert "\n" not in str(e.value)
+
+
+def test_bert4rec_cloze_masks() -> None:
+    train, _ = batches()
+    seq = train["seq"][:, 1:]  # (B, L)
+    model = Factory(MODELS.get("bert4rec"), "standard")(last_item_mask_share=0.0)
+    mask_id = N_ITEMS + 1
+    for seed in range(20):
+        torch.manual_seed(seed)
+        inputs, targets = model.cloze(seq)
+        masked = inputs.eq(mask_id)
+        assert (masked.sum(1) >= 1).all(), "every non-empty sequence masks at least one item"
+        assert not (masked & seq.eq(0)).any(), "padding is never masked"
+        assert torch.equal(targets, seq * masked) and torch.equal(inputs[~masked], seq[~masked])
+    model.cfg.last_item_mask_share = 1.0
+    inputs, targets = model.cloze(seq)
+    last_only = torch.zeros_like(seq, dtype=torch.bool)
+    last_only[:, -1] = True
+    assert torch.equal(inputs.eq(mask_id), last_only)
+    # the share is per sequence: roughly last_item_mask_share of the rows mask only the last item
+    model.cfg.last_item_mask_share, model.cfg.mask_prob = 0.3, 0.5
+    torch.manual_seed(0)
+    big = train["seq"][:1, 1:].repeat(2000, 1)  # (2000, L) full rows
+    masked = model.cloze(big)[0].eq(mask_id)  # (2000, L)
+    only_last = masked.sum(1).eq(1) & masked[:, -1]
+    assert 0.2 < only_last.float().mean() < 0.4
+
+
+def test_bert4rec_scores_at_appended_mask() -> None:
+    model = Factory(MODELS.get("bert4rec"), "standard")().eval()
+    _, score = batches()
+    x = model.scoring_input(score["item_seq"])  # (B, max_len)
+    assert x.shape == (BATCH, MAX_LEN) and x[:, -1].eq(N_ITEMS + 1).all()
+    assert torch.equal(x[:, :-1], score["item_seq"][:, 1:])  # the most recent max_len - 1 items
+    assert model.score_items(score).shape == (BATCH, N_ITEMS + 1)  # [MASK] is never a candidate
+
+
+def test_hstu_time_bias_needs_timestamps() -> None:
+    with pytest.raises(ConfigError, match="model.time_bias=false") as e:
+        Factory(MODELS.get("hstu"), "standard", has_timestamps=False)()
+    assert "\n" not in str(e.value)
+    model = Factory(MODELS.get("hstu"), "standard", has_timestamps=False)(time_bias=False)
+    assert model.eval().score_items({"item_seq": batches()[1]["item_seq"]}).shape == (BATCH, N_ITEMS + 1)
+
+
+def test_hstu_config_errors() -> None:
+    for over in ({"loss": "bce"}, {"attn_norm": "softmax"}, {"temperature": 0.0}):
+        with pytest.raises(ConfigError):
+            Factory(MODELS.get("hstu"), "standard")(**over)
+
+
+@pytest.mark.parametrize("over", [{"attn_norm": "valid"}, {"time_bias": False}, {"loss": "ce"}],
+                         ids=["valid_norm", "position_only", "ce"])
+def test_hstu_options_keep_the_contract(over: dict) -> None:
+    factory = Factory(MODELS.get("hstu"), "standard", **over)
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
+                  check_gradients):
+        check(factory)
+
+
+def test_hstu_time_bias_is_used() -> None:
+    """Changing a past timestamp changes the scores (the time bias is wired through the stack)."""
+    model = Factory(MODELS.get("hstu"), "standard")().eval()
+    _, score = batches()
+    moved = dict(score, time=score["time"].clone())
+    moved["time"][0, 0] -= 10**8  # ~3 years earlier: other bucket
+    with torch.no_grad():
+        assert not torch.allclose(model.score_items(moved)[0, 1:], model.score_items(score)[0, 1:])
+        assert math.isfinite(float(model.score_items(moved)[0, 1:].sum()))

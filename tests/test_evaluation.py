@@ -1,0 +1,123 @@
+"""Evaluator: full ranking with history exclusion, repeat targets, chunking, sampled protocol."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bftrec.config import EvalConfig
+from bftrec.data.batches import history_pairs, loo_split, train_windows, windows
+from bftrec.evaluation import rank_users, sample_candidates
+
+
+class LastItemScorer(nn.Module):
+    """Scores depend only on the last history item: W[last] (B, N + 1)."""
+
+    def __init__(self, n_items: int, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.W = nn.Parameter(torch.randn(n_items + 1, n_items + 1, generator=g))
+
+    def score_items(self, batch):
+        s = self.W[batch["item_seq"][:, -1]].clone()
+        s[:, 0] = float("-inf")
+        return s
+
+    def mechanism(self, batch):
+        return {}
+
+
+def toy_sequences(n_users=50, n_items=30, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(3, 12, n_users)
+    items = rng.integers(1, n_items + 1, lens.sum()).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    return items, offsets
+
+
+def ranks(model, items, offsets, n_items, which="test", **kw):
+    cfg = EvalConfig(**kw)
+    counts = np.bincount(items, minlength=n_items + 1)
+    return rank_users(model, items, offsets, None, which, n_items, 8, counts, cfg, torch.device("cpu"))
+
+
+def test_splits_and_windows():
+    items = np.array([1, 2, 3, 4, 5, 6, 7], dtype=np.int64)
+    offsets = np.array([0, 4, 7])
+    test = loo_split(items, offsets, "test")
+    valid = loo_split(items, offsets, "valid")
+    assert test.targets.tolist() == [4, 7] and valid.targets.tolist() == [3, 6]
+    assert test.history_len.tolist() == [3, 2] and valid.history_len.tolist() == [2, 1]
+    assert windows(items, test.start, test.end, 4).tolist() == [[0, 1, 2, 3], [0, 0, 5, 6]]
+    assert train_windows(items, offsets, 3).tolist() == [[0, 1, 2], [0, 0, 5]]
+    rows, cols = history_pairs(items, test.start, test.end)
+    assert rows.tolist() == [0, 0, 0, 1, 1] and cols.tolist() == [1, 2, 3, 5, 6]
+    with pytest.raises(ValueError, match="needs >= 3"):
+        loo_split(items, np.array([0, 2, 7]), "test")
+
+
+def test_rank_matches_brute_force_with_history_exclusion():
+    items, offsets = toy_sequences()
+    n = 30
+    model = LastItemScorer(n)
+    table = ranks(model, items, offsets, n)
+    split = loo_split(items, offsets, "test")
+    for r in range(len(split.users)):
+        hist = items[split.start[r]:split.end[r]]
+        s = model.W[hist[-1]].detach().numpy().copy()
+        t = split.targets[r]
+        cand = [i for i in range(1, n + 1) if i == t or i not in set(hist.tolist())]
+        expected = 1 + sum(1 for i in cand if i != t and s[i] >= s[t])
+        assert table["rank"][r] == expected
+
+
+def test_metrics_independent_of_eval_batch_size():
+    items, offsets = toy_sequences()
+    model = LastItemScorer(30)
+    a = ranks(model, items, offsets, 30, batch_size=7)
+    b = ranks(model, items, offsets, 30, batch_size=1000)
+    assert a.equals(b)
+
+
+def test_repeat_target_keep_vs_mask():
+    # user 0: history [1, 2], target 2 (a repeat); user 1: no repeat
+    items = np.array([5, 1, 2, 2, 3, 4, 6, 7], dtype=np.int64)
+    offsets = np.array([0, 4, 8])
+    model = LastItemScorer(10)
+    keep = ranks(model, items, offsets, 10, repeat_target="keep", ks=[5])
+    mask = ranks(model, items, offsets, 10, repeat_target="mask", ks=[5])
+    assert keep["rank"][0] <= 10 and mask["rank"][0] == 11  # masked repeat counts as a miss
+    assert keep["rank"][1] == mask["rank"][1]
+    no_excl = ranks(model, items, offsets, 10, exclude_history=False, ks=[5])
+    assert (no_excl["rank"] >= keep["rank"]).all()  # more candidates can only worsen ranks
+
+
+def test_non_finite_score_raises():
+    items, offsets = toy_sequences()
+    model = LastItemScorer(30)
+    with torch.no_grad():
+        model.W[:, 5] = float("nan")
+    with pytest.raises(ValueError, match="non-finite score"):
+        ranks(model, items, offsets, 30)
+
+
+def test_sampled_candidates_fixed_and_exclude_history():
+    items, offsets = toy_sequences(n_items=300)
+    split = loo_split(items, offsets, "test")
+    counts = np.bincount(items, minlength=301)
+    cfg = EvalConfig(protocol="sampled100")
+    a = sample_candidates(items, split, 300, cfg, counts)
+    b = sample_candidates(items, split, 300, cfg, counts)
+    assert np.array_equal(a, b) and a.shape == (len(split.users), 101)
+    for r in range(len(split.users)):
+        hist = set(items[split.start[r]:split.end[r]].tolist())
+        assert a[r, 0] == split.targets[r]
+        assert not (set(a[r, 1:].tolist()) & (hist | {split.targets[r]}))
+        assert len(set(a[r, 1:].tolist())) == 100
+    table = ranks(LastItemScorer(300), items, offsets, 300, protocol="sampled100")
+    assert table["rank"].between(1, 101).all()
+
+
+def test_k_larger_than_items_raises():
+    items, offsets = toy_sequences()
+    with pytest.raises(ValueError, match="K"):
+        ranks(LastItemScorer(30), items, offsets, 30, ks=[10, 50])
