@@ -36,6 +36,7 @@ class TrainerConfig:
     progress: bool = True             # tqdm progress bars
     resume: Optional[str] = None      # run directory to resume from (reads its last.pt)
     max_steps_per_epoch: int = 0      # cap on steps per epoch (0 = full epoch); for smoke runs
+    length_bucketing: bool = True     # batches of similar length ("sortish"), left padding trimmed
 
 
 @dataclass
@@ -46,7 +47,7 @@ class EvalConfig:
     n_negatives: int = 100            # negatives per user for the sampled protocol
     sample_seed: int = 12345          # dedicated seed of the sampled protocol's generator
     exclude_history: bool = True      # drop the user's history items from the candidates
-    repeat_target: str = "keep"       # keep | mask: a target that repeats a history item stays rankable, or is excluded (S3-Rec, HSTU repo)
+    repeat_target: str = "keep"       # keep | mask: a repeated target stays rankable, or is excluded (S3-Rec, HSTU)
     batch_size: int = 1024            # users per scoring chunk (metrics do not depend on it)
     n_bins: int = 5                   # item-frequency strata Q0 (rarest) .. Q{n-1}
     bin_mode: str = "equal_items"     # equal_items | equal_interactions
@@ -60,6 +61,7 @@ class RunConfig:
     """The root of ``configs/train.yaml`` minus its groups."""
 
     seed: int = 0                     # global seed (model init, batching, dropout)
+    tag: str = ""                     # free label written to metrics.json (groups ablation cells in tables)
     data_root: Optional[str] = None   # real datasets; null = $BFTREC_DATA_ROOT
     cache_dir: Optional[str] = None   # processed-array cache; null = $BFTREC_CACHE_DIR or ~/.cache/bftrec
     out_root: str = "results/runs"    # run dirs go to <out_root>/<dataset>/<model>/<layer>/seed<k>_<time>

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from bftrec.config import EvalConfig, check_choice
-from bftrec.data.batches import Split, history_pairs, loo_split, windows
+from bftrec.data.batches import Split, history_pairs, loo_split, trim_left, windows
 from bftrec.metrics import ranks_from_scores
 
 log = logging.getLogger(__name__)
@@ -105,20 +105,28 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
     """
     check_eval_config(cfg, n_items)
     split = loo_split(items, offsets, which)
-    rank, world = _dist()
-    split = split.subset(np.arange(rank, len(split.users), world))
+    # candidates are drawn for all users in user order, so they do not depend on sharding
     cands = (sample_candidates(items, split, n_items, cfg, train_counts)
              if cfg.protocol == "sampled100" else None)
+    rank, world = _dist()
+    mine = np.arange(rank, len(split.users), world)
+    # chunks of similar history length: trimming left padding then saves most of the work
+    mine = mine[np.argsort(np.minimum(split.history_len[mine], max_len), kind="stable")]
+    split = split.subset(mine)
+    cands = cands[mine] if cands is not None else None
     was_training = model.training
     model.eval()
     out = []
     for lo in range(0, len(split.users), cfg.batch_size):
         sl = slice(lo, lo + cfg.batch_size)
         part = split.subset(np.arange(len(split.users))[sl])
-        x = torch.from_numpy(windows(items, part.start, part.end, max_len)).to(device)  # (B, L)
+        x = windows(items, part.start, part.end, max_len)  # (B, L)
+        t = windows(timestamps, part.start, part.end, max_len) if timestamps is not None else x
+        x, t = trim_left(x, t)  # (B, L') with L' the chunk's longest history
+        x = torch.from_numpy(x).to(device)
         batch = {"item_seq": x}
         if timestamps is not None:
-            batch["time"] = torch.from_numpy(windows(timestamps, part.start, part.end, max_len)).to(device)
+            batch["time"] = torch.from_numpy(t).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
             scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
         bad = ~torch.isfinite(scores[:, 1:])

@@ -5,7 +5,8 @@ An unknown name raises a one-line ``KeyError`` that lists the known names.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

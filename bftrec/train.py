@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -84,10 +85,19 @@ def env_info(device: torch.device, started: float) -> dict:
         "git_sha": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
         "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
         "platform": platform.platform(), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "threads": torch.get_num_threads(), "started": datetime.fromtimestamp(started).isoformat(),
         "wall_seconds": round(time.time() - started, 2), "argv": sys.argv,
     }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        return f"{names[0]} x{len(names)}" if names else platform.processor()
+    except OSError:
+        return platform.processor()
 
 
 def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
@@ -105,14 +115,17 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     if out_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{stamp}"
+    device = resolve_device(tc.device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: one process per device
+        device, out_dir = init_distributed(device, Path(out_dir))
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    if is_main():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+        log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     seed_everything(root.seed, tc.deterministic)
-    device = resolve_device(tc.device)
 
     data = load_dataset(ds, data_root=root.data_root, cache_dir=root.cache_dir)
     counts = data.train_counts()
@@ -125,17 +138,33 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     result = fit(model, data, tc, ev, out_dir, device, mc.max_len, root.seed,
                  extra_state={"config": resolved})
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # rank 0 has written the best checkpoint
     best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(best["model"])
     metrics = evaluate_test(model, data, counts, ev, device, mc.max_len, amp=tc.amp)
-    metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed,
+    metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed, "tag": root.tag,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
-               "data": data.stats, "n_parameters": n_params,
+               "layer_config": OmegaConf.to_container(OmegaConf.structured(lc)), "data": data.stats,
+               "n_parameters": n_params,
                "best_epoch": result.best_epoch, "epochs_run": len(result.history),
                "stopped_early": result.stopped_early, "valid": result.best_valid, **metrics}
     if is_main():
         write_outputs(out_dir, metrics, device, started)
     return metrics
+
+
+def init_distributed(device: torch.device, out_dir: Path) -> tuple[torch.device, Path]:
+    """Join the torchrun process group (NCCL on CUDA, else Gloo); every rank uses rank 0's run dir."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    shared = [str(out_dir)]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return device, Path(shared[0])
 
 
 def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int,

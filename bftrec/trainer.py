@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
-from bftrec.data.batches import train_windows
+from bftrec.data.batches import train_windows, trim_left
 from bftrec.evaluation import rank_users
 from bftrec.metrics import summarize
 
@@ -67,6 +67,26 @@ class _LossModule(nn.Module):
         return self.model.training_loss(batch)
 
 
+def epoch_batches(lengths: torch.Tensor, batch_size: int, gen: torch.Generator, rank: int = 0,
+                  world: int = 1, bucket: bool = True) -> list[torch.Tensor]:
+    """One epoch's batches of row indices, each process taking a disjoint slice of the users.
+
+    With ``bucket``: users are shuffled, cut into pools of 50 batches, sorted by length inside each
+    pool, cut into batches, and the batch order is shuffled ("sortish" sampling, as fairseq does).
+    Batches then hold similar lengths, so trimming their common left padding saves most of the
+    work on short-sequence data (Amazon: mean length ~8 against max_len 50).
+    """
+    perm = torch.randperm(len(lengths), generator=gen)[rank::world]
+    if not bucket:
+        return list(perm.split(batch_size))
+    batches: list[torch.Tensor] = []
+    for pool in perm.split(batch_size * 50):
+        pool = pool[torch.argsort(lengths[pool], stable=True)]
+        batches.extend(pool.split(batch_size))
+    order = torch.randperm(len(batches), generator=gen)
+    return [batches[i] for i in order]
+
+
 @dataclass
 class FitResult:
     best_epoch: int
@@ -100,7 +120,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     keep = seqs[:, -1].ne(0)  # users with at least one training item
     seqs = seqs[keep].to(device)
     times = times[keep].to(device) if times is not None else None
-    n = len(seqs)
+    lengths = seqs.ne(0).sum(1).cpu()  # (U,)
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
         if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)
     runner: nn.Module = _LossModule(model)
@@ -120,25 +140,27 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         gen.set_state(ck["generator"])
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at epoch %d", last, state["epoch"])
-    elif hasattr(model, "calibrate"):
-        model.calibrate({"seq": seqs[: cfg.batch_size], **({"time": times[: cfg.batch_size]} if times is not None else {})})
+    else:
+        first = {"seq": seqs[: cfg.batch_size]}
+        if times is not None:
+            first["time"] = times[: cfg.batch_size]
+        model.calibrate(first)
 
-    steps = math.ceil(n / cfg.batch_size)
-    if cfg.max_steps_per_epoch:
-        steps = min(steps, cfg.max_steps_per_epoch)
+    steps = cfg.max_steps_per_epoch or None
     stopped = False
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         t0 = time.time()
         model.train()
-        perm = torch.randperm(n, generator=gen)[rank::world]
+        batches = epoch_batches(lengths, cfg.batch_size, gen, rank, world, cfg.length_bucketing)
         total, count = 0.0, 0
-        bar = tqdm(perm.split(cfg.batch_size)[:steps], desc=f"epoch {epoch}", leave=False,
-                   disable=not (cfg.progress and is_main()))
+        bar = tqdm(batches[:steps], desc=f"epoch {epoch}", leave=False, disable=not (cfg.progress and is_main()))
         for step, idx in enumerate(bar):
             idx = idx.to(device)
-            batch = {"seq": seqs[idx]}
             if times is not None:
-                batch["time"] = times[idx]
+                seq, tim = trim_left(seqs[idx], times[idx])  # (B, L') with L' the batch's longest
+                batch = {"seq": seq, "time": tim}
+            else:
+                batch = {"seq": trim_left(seqs[idx])}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = runner(batch)
             if not torch.isfinite(loss):

@@ -35,8 +35,11 @@ from bftrec.layers.precision import (
     kalman_update,
     kish_sums,
     kriging_moments,
+    kriging_stats,
     prenorm_ffn_jacobian_diag,
+    prenorm_ffn_jacobian_diag_fused,
     reml_shrinkage,
+    valid_rows,
 )
 from bftrec.models import MODELS, DataInfo
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig
@@ -117,21 +120,30 @@ def test_degenerate_uniform_equals_standard_and_learned_differs():
 # ------------------------------------------------------------------------------------------ §5.2
 def test_kalman_limits():
     torch.manual_seed(0)
-    B, T, D = 2, 5, 4
-    h, o = torch.randn(B, T, D), torch.randn(B, T, D)
-    valid = torch.ones(B, T, dtype=torch.bool)
-    valid[0, :2] = False
-    lam = torch.rand(B, T, D) + 0.5
-    h1, lam1, K = kalman_update(h, o, lam, torch.full((B, T, D), 1e-12), valid)  # λ^obs -> 0
-    assert K.max() < 1e-11 and torch.allclose(h1, h, atol=1e-10)
-    h1, _, K = kalman_update(h, o, torch.full((B, T, D), 1e-12), torch.rand(B, T, D) + 0.5, valid)  # λ -> 0
-    assert torch.allclose(K[valid], torch.ones_like(K[valid]), atol=1e-11)
-    assert torch.allclose(h1[valid], (h + o)[valid], atol=1e-6)
-    assert (K[~valid] == 0).all() and (lam1[~valid] == 0).all()  # padding: K = 0, λ = 0 exactly
-    assert torch.equal(h1[~valid], h[~valid])
-    _, lam1, K = kalman_update(h, o, lam, lam, valid)  # equal precisions: K = 1/2, λ' = 2λ
-    assert torch.allclose(K[valid], torch.full_like(K[valid], 0.5))
-    assert torch.allclose(lam1[valid], 2 * lam[valid])
+    n, D = 7, 4
+    h, o = torch.randn(n, D), torch.randn(n, D)
+    lam = torch.rand(n, D) + 0.5
+    h1, lam1, K = kalman_update(h, o, lam, torch.full((n, D), 1e-12))  # λ^obs -> 0
+    assert K.max() < 1e-11 and torch.allclose(h1, h, atol=1e-10) and torch.allclose(lam1, lam)
+    h1, _, K = kalman_update(h, o, torch.full((n, D), 1e-12), torch.rand(n, D) + 0.5)  # λ -> 0
+    assert torch.allclose(K, torch.ones_like(K), atol=1e-11) and torch.allclose(h1, h + o, atol=1e-6)
+    _, lam1, K = kalman_update(h, o, lam, lam)  # equal precisions: K = 1/2, λ' = 2λ
+    assert torch.allclose(K, torch.full_like(K, 0.5)) and torch.allclose(lam1, 2 * lam)
+    h1, lam1, K = kalman_update(h, o, lam, lam, uniform=True)  # the standard residual, λ' still computed
+    assert torch.equal(h1, h + o) and (K == 1).all() and torch.allclose(lam1, 2 * lam)
+
+
+def test_padding_has_zero_precision_and_gain():
+    model = sasrec(bft_cfg())
+    model.eval()
+    x = sequences()
+    masks = build_masks(x, True)
+    mech: dict = {}
+    with torch.no_grad():
+        _, lam = model.stack.forward_with_precision(model.embed(x), x, masks, mech=mech)
+    pad = ~masks.valid
+    assert (lam[pad] == 0).all() and (lam[~pad] > 0).all()
+    assert (mech["lam0"][pad] == 0).all() and all((layer["K"][pad] == 0).all() for layer in mech["layers"])
 
 
 # ------------------------------------------------------------------------------------------ §5.3
@@ -154,6 +166,19 @@ def test_expanded_square_matches_naive():
     n_naive = 1 / (alpha ** 2).sum(-1)[ok]
     assert torch.allclose(1 / a2[ok], n_naive) and torch.allclose(b[ok] / a2[ok], n_naive - 1, atol=1e-10)
     assert (a2[~ok] == 0).all() and (b[~ok] == 0).all() and (m[~ok] == 0).all() and (S[~ok] == 0).all()
+    # the layer's fused node: same values, and gradients equal to autograd through the reference
+    alpha.requires_grad_()
+    v.requires_grad_()
+    fused = kriging_stats(alpha, v)
+    assert all(torch.allclose(x, y, atol=1e-12) for x, y in zip(fused, (m, S, a2, b)))
+    w = [torch.randn_like(x) for x in fused]
+    g_f = torch.autograd.grad(sum((x * wi).sum() for x, wi in zip(fused, w)), (alpha, v))
+    ref = (*kriging_moments(alpha, v), *kish_sums(alpha))
+    g_r = torch.autograd.grad(sum((x * wi).sum() for x, wi in zip(ref, w)), (alpha, v))
+    assert all(torch.allclose(x, y, atol=1e-10) for x, y in zip(g_f, g_r))
+    small = (torch.softmax(torch.randn(1, 2, 4, 4, dtype=torch.float64), -1).requires_grad_(),
+             torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True))  # S > 0: away from the clamp
+    assert torch.autograd.gradcheck(kriging_stats, small)
 
 
 def test_kish_n_minus_one_does_not_collapse_in_float32():
@@ -164,16 +189,17 @@ def test_kish_n_minus_one_does_not_collapse_in_float32():
 
 
 def test_reml_shrinkage_limits():
-    S = torch.full((1, 1, 2, 3), 4.0)
-    S[0, 0, 0] = 0.0  # one key: the plug-in variance is 0
+    S = torch.full((3, 1, 3), 4.0)  # (rows, H, d)
+    S[0] = 0.0  # one key: the plug-in variance is 0
     s0sq = torch.full((1, 3), 9.0)
-    ok = torch.ones(1, 1, 2, dtype=torch.bool)
-    a2 = torch.tensor([[[1.0, 1e-4]]])  # n = 1 and n = 1e4
-    b = 1 - a2
+    ok = torch.tensor([[True], [True], [False]])
+    a2 = torch.tensor([[1.0], [1e-4], [0.0]])  # n = 1, n = 1e4, no key
+    b = torch.tensor([[0.0], [1 - 1e-4], [0.0]])
     var_m = reml_shrinkage(S, a2, b, s0sq, 1.0, ok)
-    assert torch.allclose(var_m[0, 0, 0], torch.full((3,), 9.0))  # n = 1: the prior alone decides
+    assert torch.allclose(var_m[0, 0], torch.full((3,), 9.0))  # n = 1: the prior alone decides
     n = 1e4
-    assert torch.allclose(var_m[0, 0, 1], torch.full((3,), (9 + n * 4) / n / n))  # (ν₀s₀² + nS)/(ν₀+n−1)/n
+    assert torch.allclose(var_m[1, 0], torch.full((3,), (9 + n * 4) / n / n))  # (ν₀s₀² + nS)/(ν₀+n−1)/n
+    assert (var_m[2] == 0).all()
 
 
 # ------------------------------------------------------------------------------------------ §5.4
@@ -357,6 +383,35 @@ def test_jacobian_closed_form_matches_autograd(approximate):
             assert torch.allclose(J_post[i, t], full_post.diagonal(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_fused_jacobian_matches_reference_values_and_gradients(approximate):
+    """The layer's Jacobian node (hand-written backward, valid rows only, chunked) equals the reference."""
+    torch.manual_seed(1)
+    D, Fw, dt = 4, 6, torch.float64
+    valid = torch.tensor([[False, True, True], [True, True, True]])
+    args = (torch.randn(2, 3, D, dtype=dt), torch.randn(D, dtype=dt) + 1, torch.randn(D, dtype=dt),
+            torch.randn(Fw, D, dtype=dt), torch.randn(Fw, dtype=dt), torch.randn(D, Fw, dtype=dt))
+    args = tuple(a.requires_grad_() for a in args)
+
+    def z_of(x, g, b, w1, b1):
+        return F.linear(F.layer_norm(x, (D,), g, b, 1e-5), w1, b1)
+
+    def fused(x, g, b, w1, b1, w2):
+        return prenorm_ffn_jacobian_diag_fused(x, g, b, 1e-5, w1, b1, w2, approximate, z_of(x, g, b, w1, b1),
+                                               rows=valid_rows(valid), chunk=2)
+
+    def reference(x, g, b, w1, b1, w2):
+        J = prenorm_ffn_jacobian_diag(x, g, b, 1e-5, w1, b1, w2, approximate, z=z_of(x, g, b, w1, b1))
+        return J[valid]  # (n, D) rows
+
+    assert torch.allclose(fused(*args), reference(*args), atol=1e-12)
+    w = torch.randn(5, D, dtype=dt)
+    g_f = torch.autograd.grad((fused(*args) * w).sum(), args)
+    g_r = torch.autograd.grad((reference(*args) * w).sum(), args)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(g_f, g_r))
+    assert torch.autograd.gradcheck(fused, args)
+
+
 # ------------------------------------------------------------------------------------------ §5 (NaN, gradients)
 def test_rows_without_valid_key_have_no_nan_and_gradients_reach_everything():
     model = sasrec(bft_cfg(), dropout=0.2)
@@ -383,12 +438,13 @@ def test_valid_query_without_keys_gets_zero_gain():
     torch.manual_seed(0)
     block = BFTSASRecBlock(8, 2, 16, 0.0, 0.0, bft_cfg=BFTParams())
     h = torch.randn(2, 4, 8, requires_grad=True)
-    lam = torch.rand(2, 4, 8) + 1
+    lam = torch.rand(8, 8) + 1  # (n = 2·4 rows, D)
     valid = torch.ones(2, 4, dtype=torch.bool)
     attn = torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4).clone()
-    attn[0, 0, 2] = False  # a valid query that may attend no key
+    attn[0, 0, 2] = False  # a valid query (row 2) that may attend no key
     h2, lam2, st = block(h, lam, Masks(attn=attn, valid=valid), run=LayerRun(want_stats=True))
-    assert st["K"][0, 2] == 0 and st["lam_obs"][0, 2] == 0 and st["n_eff"][0, 2] == 0
+    assert st["K"][2] == 0 and st["lam_obs"][2] == 0 and st["n_eff"][0, 2] == 0
+    assert (st["K"][[0, 1, 3]] > 0).all()
     (h2.sum() + lam2.sum()).backward()
     assert torch.isfinite(h2).all() and torch.isfinite(lam2).all() and torch.isfinite(h.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in block.parameters())
@@ -512,7 +568,8 @@ def test_no_variant_for_unknown_block():
     class OtherBlock(SASRecBlock):
         pass
 
-    with pytest.raises(ConfigError, match="layer=bft is not available for OtherBlock; BFT variants exist for: .*SASRecBlock"):
+    msg = "layer=bft is not available for OtherBlock; BFT variants exist for: .*SASRecBlock"
+    with pytest.raises(ConfigError, match=msg):
         build_stack(BFTLayerConfig(), OtherBlock, 2, n_tokens=5, precision_ctx={"input_variance": 1.0},
                     d_model=8, n_heads=2, d_ff=16, dropout=0.0, attn_dropout=0.0)
     stack = build_stack(BFTLayerConfig(), SASRecBlock, 2, n_tokens=5, precision_ctx={"input_variance": 1.0},

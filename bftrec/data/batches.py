@@ -85,3 +85,15 @@ def history_pairs(items: np.ndarray, start: np.ndarray, end: np.ndarray) -> tupl
     first = np.repeat(np.cumsum(lens) - lens, lens)
     flat = np.repeat(start, lens) + (np.arange(lens.sum()) - first)
     return rows.astype(np.int64), items[flat].astype(np.int64)
+
+
+def trim_left(x, *others):
+    """Drop leading columns that are padding in every row of ``x`` (B, L) numpy or torch; the same
+    columns of ``others``. Returns ``x`` alone, or the tuple ``(x, *others)``.
+
+    Left padding carries no information (blocks mask it; positions count from the right), so a
+    batch of short sequences costs what its longest sequence costs, not ``max_len``.
+    """
+    nonpad = (x != 0).any(0)
+    first = int(nonpad.nonzero()[0][0]) if nonpad.any() else x.shape[1] - 1
+    return (x[:, first:], *[o[:, first:] for o in others]) if others else x[:, first:]

@@ -13,13 +13,20 @@ Structure (how to add a backbone's BFT variant)::
         def __init__(self, *native_args, bft_cfg, **native_kwargs):
             super().__init__(*native_args, **native_kwargs)
             self.init_bft(width=D, n_heads=H, bft_cfg=bft_cfg)
-        def forward(self, h, lam, masks, run=LayerRun(), **ctx) -> (h, lam | None, stats)
+        def forward(self, h, lam, masks, run=None, **ctx) -> (h, lam | None, stats)
+
+``h`` is (B, T, D); ``lam`` is the (n, D) float32 precision of the n valid positions ("rows", see
+``bftrec.layers.precision``): padding has no precision at all, so no precision work is spent on it.
 
 A variant subclasses the native block, so parameter names and shapes are the native ones and a
 standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT extras ``theta_q``,
 ``s0sq``, ``s0sq_ready`` per block and the stack's τ). Post-LN (BERT4Rec) adds
-``precision.layernorm_precision`` after each residual and ``precision.ffn_jacobian_diag`` (no LN
-term); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4).
+``precision.layernorm_precision`` after each residual (§2) and ``precision.ffn_jacobian_diag`` (no LN
+term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4).
+
+Cost (BFT.md §5.8): the kriging moments and Kish sums are one autograd node, and so is the FFN
+Jacobian (hand-written backwards that save little); padding has no precision rows, so every
+per-token precision step runs on the valid positions only. ``scripts/bench_layer.py`` measures it.
 
 The BFT extras live where backbone initialisers do not reach: ``theta_q`` and the τ table are plain
 ``nn.Parameter``s (not ``nn.Linear``/``nn.Embedding``), and τ sits on the stack, not in ``blocks``.
@@ -29,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -40,15 +48,14 @@ from torch import nn
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
 from bftrec.layers.precision import (
-    kalman_update,
-    kish_sums,
+    gather_rows,
+    kalman_precision,
     kriging_bias,
-    kriging_moments,
-    output_precision,
+    observe_precision,
     predict_precision,
-    prenorm_ffn_jacobian_diag,
-    prior_statistic,
-    reml_shrinkage,
+    prenorm_ffn_jacobian_diag_fused,
+    scatter_rows,
+    valid_rows,
 )
 from bftrec.models.sasrec import SASRecBlock
 from bftrec.registry import Registry
@@ -191,13 +198,13 @@ class InitialPrecision(nn.Module):
         return (self.tau.mean(1) if self.kind == "item" else self.tau_start).detach()
 
     def forward(self, items: torch.Tensor, emb: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """items (B, L) int64 [, emb (B, L, D)] -> τ (B, L, dims) float32 (log-precision)."""
+        """items (...) int64 [, emb (..., D)] -> τ (..., dims) float32 (log-precision)."""
         if self.kind == "item":
-            return F.embedding(items, self.tau).float()  # (B, L, dims)
+            return F.embedding(items, self.tau).float()  # (..., dims)
         if emb is None:
             raise ValueError("tau.kind=mlp needs the embedded input")
-        hid = F.gelu(F.linear(emb.float(), self.mlp_w1.float(), self.mlp_b1.float()))  # (B, L, hid)
-        return self.tau_start[items][..., None] + F.linear(hid, self.mlp_w2, self.mlp_b2)  # (B, L, dims)
+        hid = F.gelu(F.linear(emb.float(), self.mlp_w1.float(), self.mlp_b1.float()))  # (..., hid)
+        return self.tau_start[items][..., None] + F.linear(hid, self.mlp_w2, self.mlp_b2)  # (..., dims)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,12 +220,16 @@ class LayerRun:
             plain forward, where nothing consumes it).
         want_stats: return per-position mechanism statistics (BFT.md §6).
         probe: a dict to record min/max of every clamped quantity on valid positions, or None.
+        rows: (n,) int64 flat indices ``b·T + t`` of the valid positions (computed once per forward by
+            the stack), or None for all positions; per-token work that padding never uses (the FFN
+            Jacobian) runs on these rows only.
     """
 
     calibrate: bool = False
     need_lam: bool = True
     want_stats: bool = False
     probe: Optional[dict] = None
+    rows: Optional[torch.Tensor] = None
 
 
 def _fp32(device_type: str):
@@ -226,13 +237,10 @@ def _fp32(device_type: str):
     return torch.autocast(device_type=device_type, enabled=False)
 
 
-def _record(probe: Optional[dict], name: str, x: torch.Tensor, valid: torch.Tensor) -> None:
-    """Append min/max of ``x`` (B, T, D) over valid positions to ``probe[name]``."""
-    if probe is None:
-        return
-    vals = x.detach()[valid]  # (P, D)
-    if vals.numel():
-        probe.setdefault(name, []).append((float(vals.min()), float(vals.max())))
+def _record(probe: Optional[dict], name: str, x: torch.Tensor) -> None:
+    """Append min/max of the rows ``x`` (n, D) (valid positions) to ``probe[name]``."""
+    if probe is not None and x.numel():
+        probe.setdefault(name, []).append((float(x.detach().min()), float(x.detach().max())))
 
 
 class BFTBlockMixin:
@@ -290,16 +298,6 @@ class BFTBlockMixin:
         return mean.float(), has
 
 
-def _stats(K: torch.Tensor, lam_obs: torch.Tensor, a2: torch.Tensor, ok: torch.Tensor) -> dict:
-    """Mechanism statistics (BFT.md §6), detached: K, λ^obs mean over D; Kish n mean over heads.
-
-    K, lam_obs (B, T, D); a2 (B, H, T); ok (B, 1|H, T) -> dict of (B, T) float32.
-    """
-    n = torch.where(ok, 1.0 / torch.where(ok, a2, torch.ones_like(a2)), torch.zeros_like(a2))  # (B, H, T)
-    return {"K": K.detach().float().mean(-1), "lam_obs": lam_obs.detach().float().mean(-1),
-            "n_eff": n.detach().float().mean(1)}
-
-
 # name of the native block class -> its BFT variant
 BFT_VARIANTS: Registry = Registry("BFT block")
 
@@ -346,61 +344,68 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
 
         Args:
             h: (B, T, D) float hidden state (float32 residual stream, also under autocast).
-            lam: (B, T, D) float32 precision λ, 0 on padding.
+            lam: (n, D) float32 precision rows of the valid positions ``run.rows`` (``bftrec.layers.precision``
+                "rows"; padding has no precision).
             masks: ``Masks`` (attn (B, 1, T, T) bool, valid (B, T) bool; True = may attend / real).
-            run: ``LayerRun`` flags from the stack.
+            run: ``LayerRun`` flags from the stack; ``run.rows`` None = computed from ``masks.valid``.
         Returns:
-            h'' (B, T, D); λ'' (B, T, D) float32 or None when ``run.need_lam`` is False; stats dict with
-            ``prior`` ((H, d) total, (H,) count) in training, ``K``/``lam_obs``/``n_eff`` (B, T) float32
-            when ``run.want_stats``.
+            h'' (B, T, D); λ'' (n, D) float32 rows or None when ``run.need_lam`` is False; stats dict with
+            ``prior`` ((H, d) total, (H,) count) in training, and ``K``, ``lam_obs`` (n,) float32 row
+            means over D and ``n_eff`` (B, T) float32 when ``run.want_stats``.
         """
         run = run or LayerRun()
         cfg = self.bft_cfg
         lo, hi = cfg.clamp_min, cfg.clamp_max
         learned, detach = cfg.precision == "learned", cfg.detach_precision_grad
         valid = masks.valid  # (B, T)
+        rows = valid_rows(valid) if run.rows is None else run.rows  # (n,)
         B, T, D = h.shape
         H = self.attn.n_heads
         d = D // H
         dev = h.device.type
         s0sq = self.s0sq.detach().float().clone().view(H, d)  # value before this forward; (D,) -> (H, d)
         stats: dict = {}
-        _record(run.probe, "lam", lam, valid)
+        _record(run.probe, "lam", lam)
 
         # ---- observe: kriging attention (BFT.md §1)
         q, k, v = self.attn.heads(self.ln1(h))  # (B, H, T, d) each
+        v = v.contiguous()  # one copy, shared by the value matmul and the moments
         logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
         allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
         ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
         with _fp32(dev):
             logits = logits.float()
             if learned:
-                logits = logits + kriging_bias(lam, valid, lo, hi)  # + (B, 1, 1, T)
+                logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
             alpha = masked_softmax(logits, allowed)  # (B, H, T, T) float32, empty rows all 0
-            a_p, v_p = (alpha.detach(), v.detach()) if detach else (alpha, v)
-            m_u, S = kriging_moments(a_p, v_p.float())  # (B, H, T, d) each, undropped weights
-            a2, b = kish_sums(a_p)  # (B, H, T) each
+            a_p, v_p, w_o = alpha, v.float(), self.attn.out.weight.float()
+            if detach:
+                a_p, v_p, w_o = a_p.detach(), v_p.detach(), w_o.detach()
+            setter = None
             if run.calibrate:
-                self.set_prior(*prior_statistic(S.detach(), a2.detach(), b.detach(), ok))
-                s0sq = self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
-            elif self.training:
-                with torch.no_grad():
-                    stats["prior"] = prior_statistic(S.detach(), a2.detach(), b.detach(), ok)
-            var_m = reml_shrinkage(S, a2, b, s0sq, cfg.prior_dof, ok)  # (B, H, T, d)
-            var_m = var_m.transpose(1, 2).reshape(B, T, D)  # (B, H, T, d) -> (B, T, D), heads concatenated
-            w_o = self.attn.out.weight.float()
-            lam_obs = output_precision(var_m, w_o.detach() if detach else w_o, valid & ok[:, 0], lo, hi)
-        _record(run.probe, "lam_obs", lam_obs, valid)
+                def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+                    self.set_prior(total, count)
+                    return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
+            m_u, lam_obs, a2, prior = observe_precision(
+                a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
+                want_prior=self.training and not run.calibrate, set_prior=setter)  # lam_obs (n, D)
+            if prior is not None and not run.calibrate:
+                stats["prior"] = prior
+        _record(run.probe, "lam_obs", lam_obs)
         if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
             m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
         else:
             m = m_u  # eval / no attention dropout: the kriging mean is the value path
         o = self.attn.out(m.transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D) -> (B, T, D)
+        del m, m_u, alpha
 
-        # ---- update: residual as a Kalman update (BFT.md §2)
-        gain = None if learned else valid[..., None].float()  # uniform: K = 1 (0 on padding)
-        h1, lam1, K = kalman_update(h, self.drop(o), lam, lam_obs, valid, gain, hi)
-        _record(run.probe, "lam1", lam1, valid)
+        # ---- update: residual as a Kalman update (BFT.md §2); padding: K = 0, h' = h
+        with _fp32(dev):
+            K, lam1 = kalman_precision(lam, lam_obs, hi, not learned)  # (n, D) or (1, 1); (n, D)
+            delta = K * gather_rows(self.drop(o), rows)  # (n, D) = K ⊙ drop(o)
+        h1 = h.reshape(B * T, D).index_add(0, rows, delta.to(h.dtype)).view(B, T, D)  # (B·T, D) -> (B, T, D)
+        del o, delta
+        _record(run.probe, "lam1", lam1)
 
         # ---- predict: FFN as dynamics with process noise (BFT.md §3)
         z = self.ffn.w1(self.ln2(h1))  # (B, T, F)
@@ -412,13 +417,18 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
                 prm = [ln.weight, ln.bias, f1.weight, f1.bias, f2.weight]
                 prm = [p.detach().float() if detach else p.float() for p in prm]
                 x32 = h1.detach().float() if detach else h1.float()
-                z32 = None if z.dtype != torch.float32 else (z.detach() if detach else z)  # AMP: recompute in fp32
-                J = prenorm_ffn_jacobian_diag(x32, prm[0], prm[1], ln.eps, prm[2], prm[3], prm[4],
-                                              self.ffn.act.approximate, z=z32)  # (B, T, D)
-                lam2 = predict_precision(lam1, J, self.process_noise(), valid, lo, hi)
-            _record(run.probe, "lam2", lam2, valid)
+                if z.dtype == torch.float32:
+                    z32 = z.detach() if detach else z
+                else:  # AMP: the Jacobian needs the pre-activation in float32
+                    z32 = F.linear(F.layer_norm(x32, (D,), prm[0], prm[1], ln.eps), prm[2], prm[3])  # (B, T, F)
+                J = prenorm_ffn_jacobian_diag_fused(x32, prm[0], prm[1], ln.eps, prm[2], prm[3], prm[4],
+                                                    self.ffn.act.approximate, z32, rows=rows)  # (n, D)
+                lam2 = predict_precision(lam1, J, self.process_noise(), lo, hi)  # (n, D)
+            _record(run.probe, "lam2", lam2)
         if run.want_stats:
-            stats.update(_stats(K.expand(B, T, D), lam_obs, a2, ok))
+            n_eff = torch.where(ok, 1.0 / torch.where(ok, a2, torch.ones_like(a2)), torch.zeros_like(a2))  # (B, H, T)
+            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": lam_obs.detach().mean(-1),
+                          "n_eff": n_eff.detach().mean(1)})
         return h2, lam2, stats
 
 
@@ -463,17 +473,18 @@ class BFTStack(nn.Module):
     def width(self) -> int:
         return self.blocks[0].width
 
-    def initial_precision(self, items: torch.Tensor, valid: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """λ⁰ (BFT.md §0): (B, L) int64 items, (B, L) bool, (B, L, D) embedded input -> (B, L, D) float32.
+    def initial_precision(self, items: torch.Tensor, rows: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """λ⁰ rows (BFT.md §0): (B, L) int64 items, (n,) valid rows, (B, L, D) embedded input -> (n, D) float32.
 
-        ``exp(clamp(τ))`` on valid positions, exactly 0 on padding. Positions add no precision.
+        ``exp(clamp(τ))`` on the valid positions; padding has no row (``λ = 0``). Positions add no precision.
         """
         lo, hi = self.cfg.bft.clamp_min, self.cfg.bft.clamp_max
         if self.cfg.bft.detach_precision_grad:
             emb = emb.detach()
-        tau = self.tau(items, emb if self.tau.kind == "mlp" else None)  # (B, L, dims)
-        lam0 = tau.clamp(math.log(lo), math.log(hi)).exp() * valid[..., None]  # (B, L, dims)
-        return lam0.expand(*items.shape, self.width)  # (B, L, dims) -> (B, L, D)
+        emb_r = gather_rows(emb, rows) if self.tau.kind == "mlp" else None  # (n, D)
+        tau = self.tau(items.reshape(-1)[rows], emb_r)  # (n,) item ids -> (n, dims)
+        lam0 = tau.clamp(math.log(lo), math.log(hi)).exp()  # (n, dims)
+        return lam0.expand(len(rows), self.width)  # (n, dims) -> (n, D)
 
     def forward(self, h: torch.Tensor, items: torch.Tensor, masks: Masks, mech: Optional[dict] = None,
                 **ctx) -> torch.Tensor:
@@ -482,36 +493,43 @@ class BFTStack(nn.Module):
 
     def forward_with_precision(self, h: torch.Tensor, items: torch.Tensor, masks: Masks,
                                mech: Optional[dict] = None, **ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like ``forward`` but also returns the final precision λ (B, L, D) float32 (0 on padding)."""
-        return self.run(h, items, masks, mech=mech, need_lam=True, **ctx)
+        """Like ``forward`` but also returns the final precision λ (B, L, D) float32 (exactly 0 on padding)."""
+        h, lam = self.run(h, items, masks, mech=mech, need_lam=True, **ctx)
+        return h, scatter_rows(lam, valid_rows(masks.valid), *masks.valid.shape)
 
     def run(self, h: torch.Tensor, items: torch.Tensor, masks: Masks, mech: Optional[dict], need_lam: bool,
             **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Carry ``(h, λ)`` through the blocks; update ``s₀²`` afterwards in training (BFT.md §1).
+
+        λ travels as (n, D) rows of the valid positions (``bftrec.layers.precision``); returns
+        ``(h (B, L, D), λ (n, D) rows or None)``.
 
         ``mech`` (if a dict) receives, in the format of ``bftrec.mechanism``: ``lam0`` (B, L) float32
         (λ⁰ mean over D, 0 on padding) and ``layers``: per layer ``K``, ``lam_obs`` (B, L) float32 means
         over D, ``n_eff`` (B, L) float32 Kish n mean over heads (0 on padding), ``Q`` (D,) float32.
         """
         valid = masks.valid  # (B, L)
+        B, L = valid.shape
+        rows = valid_rows(valid)  # (n,) flat indices of the valid positions, once per forward
         emb = ctx.pop("tau_input", h)
-        lam = self.initial_precision(items, valid, emb)  # (B, L, D) float32
+        lam = self.initial_precision(items, rows, emb)  # (n, D) float32 rows
         want = mech is not None or self._calibrating
         if mech is not None:
-            mech["lam0"] = lam.detach().mean(-1)  # (B, L)
+            mech["lam0"] = scatter_rows(lam.detach().mean(-1), rows, B, L)  # (B, L)
             mech["layers"] = []
         pending, n = [], len(self.blocks)
         for i, block in enumerate(self.blocks):
             flags = LayerRun(calibrate=self._calibrating, need_lam=need_lam or i < n - 1, want_stats=want,
-                             probe=self.probe)
+                             probe=self.probe, rows=rows)
             h, lam, stats = block(h, lam, masks, run=flags, **ctx)
             if "prior" in stats:
                 pending.append((block, stats["prior"]))
             if mech is not None:
-                mech["layers"].append({"K": stats["K"], "lam_obs": stats["lam_obs"], "n_eff": stats["n_eff"],
-                                       "Q": block.process_noise().detach()})
+                mech["layers"].append({"K": scatter_rows(stats["K"], rows, B, L),
+                                       "lam_obs": scatter_rows(stats["lam_obs"], rows, B, L),
+                                       "n_eff": stats["n_eff"], "Q": block.process_noise().detach()})
             if self._calibrating:
-                k = float(stats["K"][valid].mean()) if valid.any() else float("nan")
+                k = float(stats["K"].mean()) if len(rows) else float("nan")
                 log.info("BFT calibration layer %d: mean s0^2 %.4g, mean K %.4f", i, float(block.s0sq.mean()), k)
         if self.training and not self._calibrating:
             for block, (total, count) in pending:  # after the forward: this batch never sees its own update

@@ -6,11 +6,14 @@ Labels follow BFT.md: **[paper]** = stated by the paper's summary, **[bftrec]** 
 
 Conventions (BFT.md "Notation and shapes"):
 - ``B`` batch, ``T`` length, ``D`` width, ``H`` heads, ``d = D/H``, ``F`` FFN width.
-- Precisions ``λ`` are (B, T, D) float32, ``> 0`` on valid positions and exactly 0 on padding.
-- ``valid`` is a (B, T) bool mask (``True`` = real token). Padding is handled by this mask, never
-  through ``log 0``; every division uses a safe denominator so that padding rows give neither NaN
-  values nor NaN gradients.
-- Clamps ``[lo, hi]`` (default ``[1e-8, 1e8]``) apply to valid positions only.
+- **Padding is handled by the explicit boolean mask** ``valid`` (B, T) (``True`` = real token). Per-token
+  precision quantities (λ, λ^obs, K, J) are stored compactly as **rows**: an (n, D) tensor for the n
+  valid positions, in the order of ``rows = valid_rows(valid)`` (flat indices ``b·T + t``). Padding
+  positions have no row, so no precision is ever computed for them, nothing is ever ``log 0``, and
+  ``scatter_rows`` gives them exactly ``λ = 0`` and ``K = 0`` when a (B, T, ·) view is needed.
+- Attention-level quantities keep their (B, H, T, ·) shapes; a query row with no valid key has
+  all-zero weights and is masked (``ok``).
+- Clamps ``[lo, hi]`` (default ``[1e-8, 1e8]``) apply to rows, i.e. valid positions only.
 
 Functions take whatever floating dtype they are given (the unit tests use float64); the layer calls
 them with float32 tensors and with autocast disabled.
@@ -18,49 +21,72 @@ them with float32 tensors and with autocast disabled.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "log_mean_precision", "kriging_bias", "kriging_moments", "kish_sums", "reml_shrinkage",
-    "prior_statistic", "output_precision", "kalman_gain", "kalman_update", "gelu_prime",
-    "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag", "predict_precision", "layernorm_precision",
+    "valid_rows", "gather_rows", "scatter_rows", "gather_head_rows", "log_mean_precision", "kriging_bias",
+    "kriging_moments", "kish_sums", "kriging_stats", "reml_shrinkage", "prior_statistic", "output_precision", "observe_precision", "kalman_gain",
+    "kalman_precision", "kalman_update", "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag",
+    "prenorm_ffn_jacobian_diag_fused", "predict_precision", "layernorm_precision",
 ]
 
 
-def _bcast(valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool -> (B, T, 1...) bool broadcastable against ``like`` (B, T, ...)."""
-    return valid.reshape(valid.shape + (1,) * (like.dim() - valid.dim()))  # (B, T, 1, ...)
+# --------------------------------------------------------------------------------------------------
+# Rows: the compact layout of per-token precision quantities
+# --------------------------------------------------------------------------------------------------
+def valid_rows(valid: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (n,) int64 ascending flat indices ``b·T + t`` of the valid positions (one host sync)."""
+    return valid.reshape(-1).nonzero().squeeze(1)
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(B, T, ...) -> (n, ...) the rows of the valid positions."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])[rows]  # (B, T, ...) -> (B·T, ...) -> (n, ...)
+
+
+def scatter_rows(x: torch.Tensor, rows: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """(n, ...) -> (B, T, ...) with 0 on every position that has no row (padding)."""
+    out = x.new_zeros(B * T, *x.shape[1:]).index_copy(0, rows, x)  # (B·T, ...)
+    return out.view(B, T, *x.shape[1:])  # (B·T, ...) -> (B, T, ...)
+
+
+def gather_head_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, ...) -> (n, H, ...): the query rows of the valid positions, all heads (no full copy)."""
+    T = x.shape[2]
+    return x[rows // T, :, rows % T]  # advanced indices on dims 0 and 2 -> (n, H, ...)
 
 
 # --------------------------------------------------------------------------------------------------
 # Observe (BFT.md §1)
 # --------------------------------------------------------------------------------------------------
-def log_mean_precision(lam: torch.Tensor, valid: torch.Tensor, lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
-    """``log λ̄_j = mean_D log clamp(λ_j)`` [bftrec] (BFT.md "Notation": geometric-mean summary).
+def log_mean_precision(lam: torch.Tensor, lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
+    """``log clamp(λ̄_j)`` with ``λ̄_j = exp(mean_D log λ_j)`` [bftrec] (BFT.md "Notation": geometric mean).
 
     Args:
-        lam: (B, T, D) float32 precision, 0 on padding.
-        valid: (B, T) bool.
+        lam: (n, D) float32 rows, ``> 0`` (the stack keeps λ inside its clamps on rows).
     Returns:
-        (B, T) float32; 0 on padding (never ``log 0``).
+        (n,) float32.
     """
-    safe = torch.where(_bcast(valid, lam), lam.clamp(lo, hi), torch.ones_like(lam))  # (B, T, D)
-    return safe.log().mean(-1) * valid
+    return torch.log(lam).mean(-1).clamp(math.log(lo), math.log(hi))
 
 
-def kriging_bias(lam: torch.Tensor, valid: torch.Tensor, lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
+def kriging_bias(lam: torch.Tensor, rows: torch.Tensor, B: int, T: int, lo: float = 1e-8,
+                 hi: float = 1e8) -> torch.Tensor:
     """Additive attention-logit bias of the kriging weights [paper] (BFT.md §1).
 
     ``α̃_tj ∝ α_tj λ̄_j`` is a softmax over ``s_tj + log λ̄_j``. Padding keys get 0 here; they are
     removed by the attention mask (``masked_softmax``), which is BFT.md's ``where(valid_j, ·, -inf)``
     without ever forming ``-inf`` (no NaN gradients).
 
+    Args:
+        lam: (n, D) float32 rows; rows: (n,) int64.
     Returns:
         (B, 1, 1, T) float32, broadcastable against (B, H, T, T) logits.
     """
-    return log_mean_precision(lam, valid, lo, hi)[:, None, None, :]  # (B, T) -> (B, 1, 1, T)
+    return scatter_rows(log_mean_precision(lam, lo, hi), rows, B, T)[:, None, None, :]  # (B, T) -> (B, 1, 1, T)
 
 
 def kriging_moments(alpha: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +107,7 @@ def kriging_moments(alpha: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
     d = v.shape[-1]
     mom = alpha @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d)
     m, m2 = mom[..., :d], mom[..., d:]  # (B, H, T, d) each
-    return m, (m2 - m * m).clamp_min(0.0)
+    return m, torch.relu(torch.addcmul(m2, m, m, value=-1.0))  # relu = clamp at 0, one-pass backward
 
 
 def kish_sums(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,28 +127,80 @@ def kish_sums(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a_sq.sum(-1), (alpha - a_sq).sum(-1)
 
 
+class _KrigingStats(torch.autograd.Function):
+    """``kriging_moments`` and ``kish_sums`` in one autograd node with a hand-written backward.
+
+    Forward: one batched matmul of α̃ with ``[v, v⊙v]`` and two passes over (B, H, T, T). It saves only
+    ``α̃``, ``v`` (shared with the value path), ``m`` and the bool mask ``S > 0``; backward recomputes
+    ``[v, v⊙v]`` (B, H, T, 2d) and needs one batched matmul per input:
+    ``∂α̃ = [∂m − 2m⊙∂S, ∂S] @ [v, v⊙v]ᵀ + 2α̃ ⊙ ∂a2 + (1 − 2α̃) ⊙ ∂b`` and
+    ``∂v = (α̃ᵀ @ ∂mom)[:d] + 2v ⊙ (α̃ᵀ @ ∂mom)[d:]``, with ``∂S`` masked where the clamp at 0 binds.
+    """
+
+    @staticmethod
+    def forward(ctx, alpha: torch.Tensor, v: torch.Tensor):
+        d = v.shape[-1]
+        mom = alpha @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d)
+        m = mom[..., :d].contiguous()  # (B, H, T, d)
+        S = torch.relu_(mom[..., d:].addcmul_(m, m, value=-1.0))  # (B, H, T, d) view of mom, clamped at 0
+        a_sq = alpha * alpha  # (B, H, T, T) temporary
+        a2 = a_sq.sum(-1)  # (B, H, T)
+        b = a_sq.neg_().add_(alpha).sum(-1)  # Σ α̃(1 − α̃), elementwise
+        ctx.save_for_backward(alpha, v, m, S > 0)  # a bool mask, so the (B, H, T, 2d) moments are freed
+        return m, S, a2, b
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_m, g_S, g_a2, g_b):
+        alpha, v, m, pos = ctx.saved_tensors
+        g_m = torch.zeros_like(m) if g_m is None else g_m
+        g_S = torch.zeros_like(m) if g_S is None else g_S * pos
+        g_mom = torch.cat([torch.addcmul(g_m, m, g_S, value=-2.0), g_S], dim=-1)  # (B, H, T, 2d)
+        g_alpha = g_v = None
+        if ctx.needs_input_grad[0]:
+            g_alpha = g_mom @ torch.cat([v, v * v], dim=-1).transpose(-2, -1)  # (B, H, T, T)
+            if g_a2 is not None or g_b is not None:
+                ga2 = torch.zeros_like(m[..., 0]) if g_a2 is None else g_a2  # (B, H, T)
+                gb = torch.zeros_like(ga2) if g_b is None else g_b
+                g_alpha.add_(gb[..., None]).addcmul_(alpha, (2.0 * (ga2 - gb))[..., None])  # + 2α̃∂a2 + (1−2α̃)∂b
+        if ctx.needs_input_grad[1]:
+            d = v.shape[-1]
+            g_vv = alpha.transpose(-2, -1) @ g_mom  # (B, H, T, 2d)
+            g_v = torch.addcmul(g_vv[..., :d], v, g_vv[..., d:], value=2.0)
+        return g_alpha, g_v
+
+
+def kriging_stats(alpha: torch.Tensor, v: torch.Tensor):
+    """``(m, S) = kriging_moments(α̃, v)`` and ``(a2, b) = kish_sums(α̃)`` as one lean autograd node.
+
+    Same values and gradients as the two reference functions (unit-tested with ``gradcheck``).
+    Shapes: alpha (B, H, T, T), v (B, H, T, d) -> m, S (B, H, T, d), a2, b (B, H, T).
+    """
+    return _KrigingStats.apply(alpha, v)
+
+
 def reml_shrinkage(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, s0sq: torch.Tensor, prior_dof: float,
                    ok: torch.Tensor) -> torch.Tensor:
     """Shrunk kriging variance and ``Var(m) = σ²/n`` [paper: REML + inverse-χ² prior; form bftrec] (BFT.md §1).
 
     ``σ²_t = (ν₀ s₀² + n_t S_t) / (ν₀ + n_t − 1)`` with ``n = 1/a2`` and ``n − 1 = b/a2``: the posterior
     scale of a scaled-inverse-χ²(ν₀, s₀²) prior updated with the REML estimate ``S n/(n−1)`` on
-    ``n − 1`` degrees of freedom. Finite at ``n = 1``, where it returns ``s₀²``.
+    ``n − 1`` degrees of freedom. Finite at ``n = 1``, where it returns ``s₀²``. Computed as
+    ``σ²/n = (ν₀ s₀² a2 + S) / (ν₀ + n − 1)``: two passes over S.
 
     Args:
-        S: (B, H, T, d) float plug-in residual variance (``kriging_moments``).
-        a2, b: (B, H, T) float from ``kish_sums``.
+        S: (n, H, d) float plug-in residual variance of query rows (``kriging_stats``, ``gather_head_rows``).
+        a2, b: (n, H) float from ``kish_sums``.
         s0sq: (H, d) float prior scale ``s₀²`` (the layer's buffer, value before this forward).
         prior_dof: ``ν₀ > 0``.
-        ok: (B, H, T) bool, rows that have at least one valid key (others are masked, not computed).
+        ok: (n, 1|H) bool, rows that have at least one valid key (others are masked, not computed).
     Returns:
-        Var(m) (B, H, T, d), 0 where not ``ok``.
+        Var(m) (n, H, d), 0 where not ``ok``.
     """
-    a2s = torch.where(ok, a2, torch.ones_like(a2))[..., None]  # (B, H, T, 1), safe
-    n = 1.0 / a2s  # Kish n >= 1
-    n_m1 = b[..., None] / a2s  # n - 1, never by subtraction
-    sigma2 = (prior_dof * s0sq[None, :, None, :] + n * S) / (prior_dof + n_m1)  # (B, H, T, d)
-    return sigma2 / n * ok[..., None]
+    a2s = torch.where(ok, a2, torch.ones_like(a2))  # (n, H), safe
+    n_m1 = b / a2s  # n − 1, never by subtraction
+    inv_den = ok.to(S.dtype) / (prior_dof + n_m1)  # (n, H), 0 where not ok
+    return torch.addcmul(S, a2s[..., None], prior_dof * s0sq) * inv_den[..., None]
 
 
 def prior_statistic(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, ok: torch.Tensor,
@@ -132,72 +210,114 @@ def prior_statistic(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, ok: torc
     Averaged over rows with ``n > min_n`` (i.e. ``b > (min_n − 1) a2``).
 
     Args:
-        S: (B, H, T, d); a2, b, ok: (B, H, T).
+        S: (n, H, d); a2, b: (n, H); ok: (n, 1|H) bool.
     Returns:
         total (H, d) float sum of ``S n/(n−1)`` over kept rows, count (H,) float number of kept rows.
     """
-    keep = ok & (b > (min_n - 1.0) * a2)  # (B, H, T): n > min_n
-    bs = torch.where(keep, b, torch.ones_like(b))[..., None]  # (B, H, T, 1), safe
-    reml = S / bs * keep[..., None]  # (B, H, T, d)
-    return reml.sum(dim=(0, 2)), keep.sum(dim=(0, 2)).to(S.dtype)  # (H, d), (H,)
+    keep = ok & (b > (min_n - 1.0) * a2)  # (n, H): n > min_n
+    w = keep.to(S.dtype) / torch.where(keep, b, torch.ones_like(b))  # (n, H)
+    return torch.einsum("nhd,nh->hd", S, w), keep.sum(0).to(S.dtype)  # (H, d), (H,)
 
 
-def output_precision(var_m: torch.Tensor, w_out: torch.Tensor, valid: torch.Tensor, lo: float = 1e-8,
-                     hi: float = 1e8) -> torch.Tensor:
+def output_precision(var_m: torch.Tensor, w_out: torch.Tensor, lo: float = 1e-8, hi: float = 1e8,
+                     has_key: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``λ^obs = 1 / Var(o)`` with ``Var(o)_k = Σ_c W_O[k,c]² Var(m)_c`` [paper: delta method] (BFT.md §1).
 
     One matmul with ``W_O ⊙ W_O`` (the bias of the output projection is deterministic).
 
     Args:
-        var_m: (B, T, D) float, heads concatenated.
+        var_m: (n, D) float rows, heads concatenated.
         w_out: (D, D) float, ``nn.Linear`` weight of the output projection.
-        valid: (B, T) bool.
+        has_key: optional (n,) bool; a row without any valid key gets no observation, ``λ^obs = 0``.
     Returns:
-        (B, T, D) float; ``Var(o)`` clamped to ``[lo, hi]`` on valid positions, 0 on padding.
+        (n, D) float, with ``Var(o)`` clamped to ``[lo, hi]``.
     """
-    var_o = F.linear(var_m, w_out * w_out)  # (B, T, D)
-    keep = _bcast(valid, var_o)
-    return torch.where(keep, 1.0 / var_o.clamp(lo, hi), torch.zeros_like(var_o))
+    lam_obs = F.linear(var_m, w_out * w_out).clamp(lo, hi).reciprocal()  # (n, D)
+    return lam_obs if has_key is None else lam_obs * has_key[:, None].to(lam_obs.dtype)
+
+
+def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, w_out: torch.Tensor,
+                      ok: torch.Tensor, rows: torch.Tensor, prior_dof: float, lo: float = 1e-8, hi: float = 1e8,
+                      want_prior: bool = False, set_prior=None):
+    """The observe step's statistics, from kriging weights to ``λ^obs`` (BFT.md §1).
+
+    ``kriging_stats`` (moments and Kish sums, all query rows) → valid query rows → ``reml_shrinkage`` →
+    heads concatenated → ``output_precision``.
+
+    Args:
+        alpha: (B, H, T, T) float32 undropped kriging weights (rows sum to 1 or are all 0).
+        v: (B, H, T, d) float32 values.
+        s0sq: (H, d) float32 prior scale before this forward.
+        w_out: (D, D) float32 output-projection weight ``W_O``.
+        ok: (B, 1|H, T) bool query rows that are valid and have at least one valid key.
+        rows: (n,) int64 valid positions.
+        prior_dof: ν₀ > 0; lo, hi: clamps.
+        want_prior: also return the sums for the ``s₀²`` update (``prior_statistic``), no grad.
+        set_prior: calibration only: a callable ``(total (H, d), count (H,)) -> new s0sq (H, d)`` run
+            before the shrinkage, so the layer uses the prior it has just set (BFT.md §1).
+    Returns:
+        m (B, H, T, d) undropped kriging mean, λ^obs (n, D) rows, a2 (B, H, T) (``Σ α̃²``, Kish
+        ``n = 1/a2``), prior sums ``(total (H, d), count (H,))`` or None.
+    """
+    B, H, T, d = v.shape
+    m, S, a2, b = kriging_stats(alpha, v)  # (B, H, T, d) x2, (B, H, T) x2
+    S_r, a2_r, b_r = gather_head_rows(S, rows), gather_head_rows(a2, rows), gather_head_rows(b, rows)  # (n, H, ·)
+    ok_r = gather_head_rows(ok, rows)  # (n, 1|H)
+    prior = None
+    if want_prior or set_prior is not None:
+        with torch.no_grad():
+            prior = prior_statistic(S_r.detach(), a2_r.detach(), b_r.detach(), ok_r)
+    if set_prior is not None:
+        s0sq = set_prior(*prior)
+    var_m = reml_shrinkage(S_r, a2_r, b_r, s0sq, prior_dof, ok_r).reshape(-1, H * d)  # (n, H, d) -> (n, D)
+    return m, output_precision(var_m, w_out, lo, hi, ok_r.any(1)), a2, prior
 
 
 # --------------------------------------------------------------------------------------------------
 # Update (BFT.md §2)
 # --------------------------------------------------------------------------------------------------
-def kalman_gain(lam: torch.Tensor, lam_obs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``K = λ^obs / (λ + λ^obs)`` elementwise [paper] (BFT.md §2); 0 on padding.
+def kalman_gain(lam: torch.Tensor, lam_obs: torch.Tensor) -> torch.Tensor:
+    """``K = λ^obs / (λ + λ^obs)`` elementwise [paper] (BFT.md §2).
 
     Args:
-        lam, lam_obs: (B, T, D) float, ``>= 0``.
-        valid: (B, T) bool.
+        lam, lam_obs: (n, D) float rows, ``λ > 0`` (clamped), ``λ^obs >= 0``.
     Returns:
-        (B, T, D) float in ``[0, 1]``.
+        (n, D) float in ``[0, 1)``.
     """
-    keep = _bcast(valid, lam)
-    den = lam + lam_obs
-    den = torch.where(keep & (den > 0), den, torch.ones_like(den))  # safe: no 0/0
-    return torch.where(keep, lam_obs / den, torch.zeros_like(den))
+    return lam_obs / (lam + lam_obs)
 
 
-def kalman_update(h: torch.Tensor, o: torch.Tensor, lam: torch.Tensor, lam_obs: torch.Tensor,
-                  valid: torch.Tensor, gain: torch.Tensor | None = None,
-                  hi: float = 1e8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Residual as a Kalman update [paper] (BFT.md §2).
+def kalman_precision(lam: torch.Tensor, lam_obs: torch.Tensor, hi: float = 1e8,
+                     uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gain and updated precision of the Kalman update [paper] (BFT.md §2).
 
-    ``h' = h + K ⊙ o`` and ``λ' = λ + λ^obs`` (clamped at ``hi`` on valid positions; 0 on padding).
+    ``K = λ^obs / (λ + λ^obs)`` and ``λ' = λ + λ^obs`` (clamped at ``hi``); ``uniform`` gives ``K = 1``
+    (``bft.precision=uniform``: the standard residual) while λ' is still computed.
 
     Args:
-        h: (B, T, D) float hidden state; o: (B, T, D) observation (already dropped out).
-        lam, lam_obs: (B, T, D) float32.
-        valid: (B, T) bool.
-        gain: optional (B, T, D) or broadcastable gain overriding ``K`` (``bft.precision=uniform``
-            passes 1 on valid positions, 0 on padding).
+        lam, lam_obs: (n, D) float32 rows, ``λ > 0``.
     Returns:
-        h' (B, T, D), λ' (B, T, D) float32, K (B, T, D) float32.
+        K (n, D) float32 (``(1, 1)`` ones when uniform), λ' (n, D) float32.
     """
-    K = kalman_gain(lam, lam_obs, valid) if gain is None else gain
-    keep = _bcast(valid, lam)
-    lam1 = torch.where(keep, (lam + lam_obs).clamp(max=hi), torch.zeros_like(lam))
-    return h + K * o, lam1, K
+    tot = lam + lam_obs  # (n, D)
+    K = lam_obs.new_ones(1, 1) if uniform else lam_obs / tot  # = kalman_gain(lam, lam_obs), sharing λ + λ^obs
+    return K, tot.clamp(max=hi)
+
+
+def kalman_update(h: torch.Tensor, o: torch.Tensor, lam: torch.Tensor, lam_obs: torch.Tensor, hi: float = 1e8,
+                  uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Residual as a Kalman update [paper] (BFT.md §2): ``h' = h + K ⊙ o``, ``λ' = λ + λ^obs``.
+
+    The standard residual is the case ``K ≡ 1``.
+
+    Args:
+        h: (n, D) float hidden-state rows; o: (n, D) observation rows (already dropped out).
+        lam, lam_obs: (n, D) float32 rows, ``λ > 0``.
+    Returns:
+        h' (n, D), λ' (n, D) float32, K (n, D) float32.
+    """
+    K, lam1 = kalman_precision(lam, lam_obs, hi, uniform)
+    return torch.addcmul(h, K, o), lam1, K.expand_as(lam1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,22 +330,23 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 class _ErfGeluPrime(torch.autograd.Function):
     """``φ'(z) = Φ(z) + z·pdf(z)`` for the exact (erf) GELU, with ``φ''(z) = pdf(z)(2 − z²)`` as backward.
 
-    A custom Function so that autograd saves only ``z`` (the intermediates of ``Φ`` and ``pdf``
-    would otherwise be kept as extra (B, T, F) tensors).
+    The forward is PyTorch's fused GELU-backward kernel with a unit upstream gradient (one pass);
+    the backward is hand-written with in-place arithmetic. Only ``z`` (shared with the FFN) is saved.
     """
 
     @staticmethod
     def forward(ctx, z: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(z)
-        pdf = torch.exp(-0.5 * z * z) / _SQRT_2PI
-        return 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * pdf
+        # a materialised ones tensor: a stride-0 expand makes the CPU kernel ~6x slower
+        return torch.ops.aten.gelu_backward(torch.ones_like(z), z, approximate="none")
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (z,) = ctx.saved_tensors
-        pdf = torch.exp(-0.5 * z * z) / _SQRT_2PI
-        return grad * pdf * (2.0 - z * z)
+        t = z * z
+        c = 1.0 / _SQRT_2PI
+        return torch.exp(t * -0.5).mul_(t.mul_(-c).add_(2.0 * c)).mul_(grad)  # pdf(z)(2 − z²) · grad
 
 
 def gelu_prime(z: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -267,9 +388,11 @@ def prenorm_ffn_jacobian_diag(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias:
         J_i = (1/σ) (A_ii − (1/D) Σ_k A_ik − (x̂_i/D) Σ_k A_ik x̂_k)
 
     where ``A_ii = φ'(z) @ (W₂ᵀ ⊙ W₁')``, ``Σ_k A_ik = W₂ (φ'(z) ⊙ W₁'𝟙)`` and
-    ``Σ_k A_ik x̂_k = W₂ (φ'(z) ⊙ W₁'x̂)``, with ``W₁'x̂ = z − b₁ − W₁β`` for free. The first two terms
-    share the left factor ``φ'(z)``, so they are folded into one weight-only (F, D) matrix
-    ``W₂ᵀ ⊙ W₁' − (W₁'𝟙) W₂ᵀ / D``: two (…, F) @ (F, D) matmuls per token batch instead of three.
+    ``Σ_k A_ik x̂_k = W₂ (φ'(z) ⊙ W₁'x̂)``, with ``W₁'x̂ = z − b₁ − W₁β`` for free.
+
+    The first two terms share the left factor ``φ'(z)``, so they fold into one weight-only (F, D)
+    matrix ``W₂ᵀ ⊙ W₁' − (W₁'𝟙) W₂ᵀ / D``: ``J = (φ' @ M − x̂ ⊙ ((φ' ⊙ W₁'x̂) @ W₂ᵀ)/D)/σ``, two
+    (…, F) @ (F, D) matmuls per token batch instead of BFT.md's three (same result, exact).
     This is the paper's diagonal (delta-method) approximation; off-diagonal terms are ignored.
 
     Args:
@@ -282,52 +405,175 @@ def prenorm_ffn_jacobian_diag(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias:
         J (..., D) in the dtype of ``x``.
     """
     D = x.shape[-1]
-    mu = x.mean(-1, keepdim=True)  # (..., 1)
-    xc = x - mu
-    inv_sigma = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + ln_eps)  # (..., 1) = 1/σ
-    xhat = xc * inv_sigma  # (..., D)
+    xhat = F.layer_norm(x, (D,), eps=ln_eps)  # (..., D) = (x − μ)/σ
+    inv_sigma = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + ln_eps)  # (..., 1) = 1/σ
     if z is None:
         z = F.linear(xhat * ln_weight + ln_bias, w1, b1)  # (..., F)
     w1p = w1 * ln_weight  # (F, D) = W₁ diag(γ)
     w2t = w2.t()  # (F, D)
     m_diag = w2t * w1p - w1p.sum(1, keepdim=True) * w2t / D  # (F, D): A_ii − (1/D) Σ_k A_ik, per φ'
-    g = z - (b1 + F.linear(ln_bias, w1))  # (..., F) = W₁'x̂
+    g = z + (-(b1 + F.linear(ln_bias, w1)))  # (..., F) = W₁'x̂; the sign flip is on (F,), also in backward
     phi = gelu_prime(z, approximate)  # (..., F)
-    return (phi @ m_diag - xhat * ((phi * g) @ w2t) / D) * inv_sigma
+    return torch.addcmul(phi @ m_diag, xhat, (phi * g) @ w2t, value=-1.0 / D) * inv_sigma
 
 
-def predict_precision(lam1: torch.Tensor, J: torch.Tensor | None, Q: torch.Tensor, valid: torch.Tensor,
-                      lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
+def _gelu_prime_nograd(z: torch.Tensor, approximate: str) -> torch.Tensor:
+    """φ'(z) without autograd: the fused GELU-backward kernel with a unit upstream gradient, in place."""
+    return torch.ops.aten.gelu_backward.grad_input(torch.ones_like(z), z, approximate=approximate,
+                                                   grad_input=torch.empty_like(z))
+
+
+def _gelu_second(z: torch.Tensor, approximate: str) -> torch.Tensor:
+    """φ''(z) without autograd. erf: ``pdf(z)(2 − z²)``; tanh: ``(1 − t²)(u' + z(u'' − 2t u'²)/2)``
+    with ``u = √(2/π)(z + a z³)``, ``t = tanh u``, ``a = 0.044715``."""
+    if approximate == "none":
+        t = z * z
+        return torch.exp(t * -0.5).mul_(t.mul_(-1.0 / _SQRT_2PI).add_(2.0 / _SQRT_2PI))
+    a, k = 0.044715, _SQRT_2_OVER_PI
+    zz = z * z
+    t = torch.tanh(k * (z + a * zz * z))
+    du = k * (1.0 + 3 * a * zz)
+    return (1.0 - t * t) * (du + 0.5 * z * (6 * k * a * z - 2.0 * t * du * du))
+
+
+class _PrenormJacobian(torch.autograd.Function):
+    """``prenorm_ffn_jacobian_diag`` with a hand-written backward, over valid tokens only, in chunks.
+
+    Same value and gradients as the autograd reference (unit-tested with ``gradcheck``); it saves only
+    its inputs (``x``, ``z``: already kept by the FFN), ``J`` and one (n, D) product, and bounds the
+    transient (…, F) tensors by ``chunk`` tokens, in forward and in backward.
+    """
+
+    @staticmethod
+    def _weights(ln_w, ln_b, w1, b1, w2):
+        D = w1.shape[1]
+        w1p = w1 * ln_w  # (F, D) = W₁ diag(γ)
+        w2t = w2.t()  # (F, D)
+        r1 = w1p.sum(1)  # (F,) = W₁'𝟙
+        m_diag = w2t * w1p - r1[:, None] * w2t / D  # (F, D)
+        c = b1 + w1 @ ln_b  # (F,): W₁'x̂ = z − c
+        return w1p, w2t, r1, m_diag, c
+
+    @staticmethod
+    def _norm(x, eps):
+        """x (n, D) -> x̂ (n, D), s = 1/σ (n, 1)."""
+        xc = x - x.mean(-1, keepdim=True)
+        s = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
+        return xc * s, s
+
+    @staticmethod
+    def forward(ctx, x, z, ln_w, ln_b, w1, b1, w2, eps: float, approximate: str, rows, chunk: int):
+        """x (N, D), z (N, F) float; rows (n,) int64 token indices -> J (n, D) for those tokens."""
+        N, D = x.shape
+        _, w2t, _, m_diag, c = _PrenormJacobian._weights(ln_w, ln_b, w1, b1, w2)
+        J = x.new_empty(len(rows), D)
+        R = x.new_empty(len(rows), D)  # (φ' ⊙ W₁'x̂) @ W₂ᵀ per computed row, kept for backward
+        for i in range(0, len(rows), chunk):
+            idx = rows[i:i + chunk]
+            xh, s = _PrenormJacobian._norm(x[idx], eps)  # (c, D), (c, 1) for a chunk of c rows
+            zc = z[idx]  # (c, F)
+            phi = _gelu_prime_nograd(zc, approximate)  # (c, F)
+            r = (zc - c).mul_(phi) @ w2t  # (c, D)
+            R[i:i + chunk] = r
+            J[i:i + chunk] = torch.addcmul(phi @ m_diag, xh, r, value=-1.0 / D).mul_(s)
+        ctx.save_for_backward(x, z, ln_w, ln_b, w1, b1, w2, rows, J, R)
+        ctx.eps, ctx.approximate, ctx.chunk = eps, approximate, chunk
+        return J
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gJ):
+        x, z, ln_w, ln_b, w1, b1, w2, rows, J, R = ctx.saved_tensors
+        eps, approx, chunk = ctx.eps, ctx.approximate, ctx.chunk
+        N, D = x.shape
+        w1p, w2t, r1, m_diag, c = _PrenormJacobian._weights(ln_w, ln_b, w1, b1, w2)
+        gx = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        gz = torch.zeros_like(z) if ctx.needs_input_grad[1] else None
+        g_m = torch.zeros_like(m_diag)  # (F, D) grad of M
+        g_w2t = torch.zeros_like(w2t)  # (F, D) grad of W₂ᵀ through R
+        g_c = torch.zeros_like(c)  # (F,)
+        for i in range(0, len(rows), chunk):
+            idx = rows[i:i + chunk]
+            xh, s = _PrenormJacobian._norm(x[idx], eps)  # (c, D), (c, 1) for a chunk of c rows
+            zc = z[idx]  # (c, F)
+            phi = _gelu_prime_nograd(zc, approx)  # (c, F)
+            g = zc - c  # (c, F) = W₁'x̂
+            r = R[i:i + chunk]  # (c, D)
+            gj = gJ[i:i + chunk]  # (c, D)
+            A = gj * s  # (c, D): grad of P = φ' @ M
+            gR = A * xh * (-1.0 / D)  # (c, D): grad of R
+            rw = gR @ w2t.t()  # (c, F) = gR @ W₂
+            g_m += phi.t() @ A
+            g_w2t += (phi * g).t() @ gR
+            g_g = rw * phi  # (c, F): grad of g
+            g_c -= g_g.sum(0)
+            if gz is not None:
+                g_phi = torch.addcmul(A @ m_diag.t(), rw, g)  # (c, F)
+                gz[idx] = g_phi.mul_(_gelu_second(zc, approx)).add_(g_g)
+            if gx is not None:
+                g_xh = A * r * (-1.0 / D)  # (c, D)
+                g_s = (gj * J[i:i + chunk]).sum(-1, keepdim=True) / s  # (c, 1)
+                gxh = g_xh - g_xh.mean(-1, keepdim=True) - xh * (g_xh * xh).mean(-1, keepdim=True)
+                gx[idx] = gxh * s - g_s * s * s * xh / D
+        # through M = W₂ᵀ ⊙ W₁' − r1 W₂ᵀ/D, r1 = W₁'𝟙, W₁' = W₁ diag(γ), c = b₁ + W₁β
+        g_w2t += g_m * w1p - r1[:, None] * g_m / D
+        g_w1p = g_m * w2t - ((g_m * w2t).sum(1, keepdim=True) / D)  # (F, D), incl. the r1 path
+        g_w1 = g_w1p * ln_w + g_c[:, None] * ln_b
+        g_lnw = (g_w1p * w1).sum(0)
+        g_lnb = w1.t() @ g_c
+        return gx, gz, g_lnw, g_lnb, g_w1, g_c, g_w2t.t(), None, None, None, None
+
+
+def prenorm_ffn_jacobian_diag_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ln_eps: float,
+                                    w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, approximate: str,
+                                    z: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                                    chunk: int = 4096) -> torch.Tensor:
+    """``prenorm_ffn_jacobian_diag`` (BFT.md §3, exact) as one autograd node with a hand-written backward.
+
+    Computes ``J`` only on the tokens ``rows`` (padding needs none: it has no precision), ``chunk``
+    tokens at a time, so no (B, T, F) temporary beyond the FFN's own ``z`` is ever alive.
+
+    Args:
+        x: (B, T, D) LayerNorm input ``h'``; z: (B, T, F) FFN pre-activation ``W₁ LN(x) + b₁`` (same dtype).
+        ln_weight, ln_bias: (D,); w1: (F, D); b1: (F,); w2: (D, F).
+        rows: (n,) int64 flat token indices ``b·T + t`` to compute (e.g. ``valid.reshape(-1).nonzero()``),
+            or None for all tokens.
+    Returns:
+        (n, D) J rows (``n = B·T`` when ``rows`` is None), in the dtype of ``x``.
+    """
+    B, T, D = x.shape
+    xf, zf = x.reshape(B * T, D), z.reshape(B * T, -1)  # (B, T, ·) -> (B·T, ·)
+    if rows is None:
+        rows = torch.arange(B * T, device=x.device)
+    return _PrenormJacobian.apply(xf, zf, ln_weight, ln_bias, w1, b1, w2, ln_eps, approximate, rows, chunk)
+
+
+def predict_precision(lam1: torch.Tensor, J: torch.Tensor | None, Q: torch.Tensor, lo: float = 1e-8,
+                      hi: float = 1e8) -> torch.Tensor:
     """``λ'' = ((1 + J)²/λ' + Q)⁻¹`` [paper] (BFT.md §3); ``J = None`` gives HSTU's ``(1/λ' + Q)⁻¹``.
 
     Args:
-        lam1: (B, T, D) float32 λ' (0 on padding).
-        J: (B, T, D) float32 diagonal Jacobian, or None.
+        lam1: (n, D) float32 λ' rows (``> 0``).
+        J: (n, D) float32 diagonal Jacobian rows, or None.
         Q: (D,) float32 process noise ``exp(θ_Q)``.
-        valid: (B, T) bool.
     Returns:
-        (B, T, D) float32; the variance is clamped to ``[lo, hi]`` on valid positions, 0 on padding.
+        (n, D) float32; the variance is clamped to ``[lo, hi]``.
     """
-    keep = _bcast(valid, lam1)
-    safe = torch.where(keep, lam1, torch.ones_like(lam1))
-    gain = 1.0 if J is None else (1.0 + J) ** 2
-    var = (gain / safe + Q).clamp(lo, hi)  # (B, T, D)
-    return torch.where(keep, 1.0 / var, torch.zeros_like(var))
+    var = (lam1.reciprocal() + Q) if J is None else torch.addcdiv(Q, (J + 1.0).square(), lam1)  # (n, D)
+    return var.clamp(lo, hi).reciprocal()
 
 
 def layernorm_precision(lam: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_eps: float,
-                        valid: torch.Tensor, lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
+                        lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
     """Precision through a LayerNorm, diagonal delta method [paper] (BFT.md §2, post-LN backbones).
 
     ``λ ← λ · σ²_LN / γ²`` with ``σ²_LN = var(x) + eps`` of the LayerNorm input ``x`` per token.
 
     Args:
-        lam: (B, T, D) float32 precision of ``x``; x: (B, T, D) LayerNorm input.
-        ln_weight: (D,) γ; valid: (B, T) bool.
+        lam: (n, D) float32 precision rows of ``x``; x: (n, D) LayerNorm input rows; ln_weight: (D,) γ.
     Returns:
-        (B, T, D) float32, clamped to ``[lo, hi]`` on valid positions, 0 on padding.
+        (n, D) float32, clamped to ``[lo, hi]``.
     """
-    var = x.var(-1, unbiased=False, keepdim=True) + ln_eps  # (B, T, 1)
+    var = x.var(-1, unbiased=False, keepdim=True) + ln_eps  # (n, 1)
     g2 = (ln_weight * ln_weight).clamp_min(1e-30)  # (D,), safe
-    out = (lam * var / g2).clamp(lo, hi)
-    return torch.where(_bcast(valid, lam), out, torch.zeros_like(out))
+    return (lam * var / g2).clamp(lo, hi)

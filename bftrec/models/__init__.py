@@ -1,9 +1,13 @@
-"""Backbones, registered by explicit import (one line per backbone; no auto-import)."""
-from bftrec.models.base import MODELS, DataInfo, SeqRecModel
+"""Backbones, registered by explicit import: one line per backbone, no auto-import.
 
-from bftrec.models import sasrec  # noqa: F401  registers "sasrec"
-from bftrec.layers import bft  # noqa: F401  registers layer=bft
-from bftrec.models import bert4rec  # noqa: F401  registers "bert4rec"
-from bftrec.models import hstu  # noqa: F401  registers "hstu"
+Adding a backbone = its model file, one import line below, one yaml in configs/model/.
+"""
+# ruff: noqa: I001, F401  (order matters little, but one line per backbone keeps the recipe readable)
+from bftrec.models.base import MODELS, DataInfo, SeqRecModel
+from bftrec.layers import bft  # registers layer=bft and its block variants
+
+from bftrec.models import sasrec  # registers "sasrec"
+from bftrec.models import bert4rec  # registers "bert4rec"
+from bftrec.models import hstu  # registers "hstu"
 
 __all__ = ["MODELS", "DataInfo", "SeqRecModel"]

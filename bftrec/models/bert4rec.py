@@ -10,7 +10,7 @@ embeddings with a per-item bias. Token ids: ``0`` padding, ``1..N`` items, ``N +
 The stack is built through the single swap point ``bftrec.layers.build_stack`` over ``N + 2``
 tokens, so ``layer=bft`` gives the BFT twin of the same block (BFT.md; post-LN rule of §2/§3).
 
-Training (cloze): on the most recent ``max_len`` training items ``batch["seq"][:, 1:]``, every
+Training (cloze): on the most recent ``max_len`` training items (``batch["seq"][:, 1:]``), every
 non-padding item is replaced by ``[MASK]`` with probability ``mask_prob`` (at least one per
 sequence); a share ``last_item_mask_share`` of the sequences instead masks *only the last item*,
 which is exactly the prediction task at test time. The loss covers the masked positions only.
@@ -219,13 +219,16 @@ class BERT4Rec(SeqRecModel):
         """Draw the cloze masks from torch's global RNG.
 
         Args:
-            seq: (B, L) int64 left-padded item ids.
+            seq: (B, L) int64 left-padded item ids, L <= max_len.
         Returns:
             inputs (B, L) int64 with masked items replaced by [MASK], and targets (B, L) int64 holding
             the original item at masked positions and 0 elsewhere.
         """
         valid = seq.ne(0)  # (B, L)
-        u = torch.rand(seq.shape, device=seq.device)  # (B, L)
+        B, L = seq.shape
+        # drawn for all max_len columns and cut to the last L: trimming common left padding (the
+        # trainer does) leaves every mask unchanged
+        u = torch.rand(B, self.cfg.max_len, device=seq.device)[:, self.cfg.max_len - L:]  # (B, L)
         masked = valid & (u < self.cfg.mask_prob)
         # at least one masked item per non-empty sequence: the valid position with the smallest draw
         first = u.masked_fill(~valid, 2.0).argmin(dim=1)  # (B,)
@@ -239,8 +242,12 @@ class BERT4Rec(SeqRecModel):
         return seq.masked_fill(masked, self.mask_id), seq * masked
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        """Cloze loss on ``batch["seq"][:, 1:]`` ((B, max_len) int64), masked positions only; scalar."""
-        seq = batch["seq"][:, 1:]  # (B, L + 1) -> (B, L): the most recent max_len training items
+        """Cloze loss on the most recent ``max_len`` training items, masked positions only; scalar.
+
+        ``batch["seq"]`` is (B, L + 1) int64 with L + 1 <= max_len + 1 (the trainer may trim common
+        left padding); its last ``max_len`` columns are used (``seq[:, 1:]`` when untrimmed).
+        """
+        seq = batch["seq"][:, -self.cfg.max_len:]  # (B, L + 1) -> (B, min(L + 1, max_len))
         inputs, targets = self.cloze(seq)
         h = self.head(self.encode(inputs))  # (B, L, D)
         return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,

@@ -1,0 +1,64 @@
+"""scripts/make_tables.py reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_train_e2e import smoke_cfg
+from bftrec.train import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _make_tables():
+    spec = importlib.util.spec_from_file_location("make_tables", REPO / "scripts" / "make_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for layer in ("standard", "bft"):
+        for seed in (0, 1):
+            run(smoke_cfg(root, f"layer={layer}", f"seed={seed}"), root / "runs" / layer / f"seed{seed}")
+    return root
+
+
+def test_tables_written_with_header_gain_and_p(runs):
+    mt = _make_tables()
+    mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
+    overall = (runs / "tables" / "overall.md").read_text()
+    assert "protocol: leave-one-out" in overall and "commit(s):" in overall
+    assert "HR@10 gain" in overall and "HR@10 p" in overall
+    strata = (runs / "tables" / "strata.md").read_text()
+    for name in ("Q0", "Q4", "cold", "warm"):
+        assert name in strata
+    mech = (runs / "tables" / "mechanism.md").read_text()
+    assert "mean K" in mech and "layer 0" in mech
+
+
+def test_seed_mean_matches_metrics_json(runs):
+    mt = _make_tables()
+    groups = mt.cells(mt.load_runs(runs / "runs"))
+    std = groups[("synthetic", "sasrec", "", "standard")]
+    vals = [json.loads((runs / "runs" / "standard" / f"seed{s}" / "metrics.json").read_text())["test"]["overall"]["HR@10"]
+            for s in (0, 1)]
+    assert mt.fmt(vals) == mt.overall_table(groups).query("layer == 'standard'")["HR@10"].iloc[0]
+    assert len(std) == 2
+
+
+def test_paired_test_averages_users_over_seeds(runs):
+    mt = _make_tables()
+    groups = mt.cells(mt.load_runs(runs / "runs"))
+    std = groups[("synthetic", "sasrec", "", "standard")]
+    assert mt.paired_p(std, std, "HR@10") is None  # identical runs: no difference to test
+    p = mt.paired_p(groups[("synthetic", "sasrec", "", "bft")], std, "NDCG@10")
+    assert p is None or 0.0 <= p <= 1.0
+
+
+def test_empty_folder_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no metrics.json"):
+        _make_tables().load_runs(tmp_path)
