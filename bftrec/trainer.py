@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
 from bftrec.data.batches import train_windows, trim_left
 from bftrec.evaluation import rank_users
+from bftrec.layers import Stack
 from bftrec.metrics import summarize
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)
     runner: nn.Module = _LossModule(model)
     if world > 1:
-        runner = nn.parallel.DistributedDataParallel(runner)
+        # A BFT stack's last-layer process noise Q feeds no loss term (its λ'' is never used)
+        plain = isinstance(getattr(model, "stack", None), Stack)
+        runner = nn.parallel.DistributedDataParallel(runner, find_unused_parameters=not plain)
 
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": []}
     gen = torch.Generator().manual_seed(seed)

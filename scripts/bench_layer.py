@@ -63,6 +63,14 @@ E2E = {"n_items": SPORTS_ITEMS, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_f
 VARIANTS = ("standard", "bft", "bft_detach")
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -274,6 +282,7 @@ def main() -> None:
                     help="torch CPU threads (0 = torch default); 1 is steadier on a shared machine")
     ap.add_argument("--only", choices=("layer", "e2e", "both"), default="both")
     ap.add_argument("--out", default=None, help="JSON path; default results/bench/layer_<device>.json")
+    ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why --threads was set)")
     args = ap.parse_args()
 
     if args.threads:
@@ -287,8 +296,9 @@ def main() -> None:
     t_start = time.time()
     result = {
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "note": args.note,
         "load_average_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "amp_bf16": amp, "compile": False, "steps": args.steps, "warmup": args.warmup,
         "statistic": "median step time over the timed steps; variants interleaved round-robin",

@@ -41,3 +41,18 @@ def test_two_processes_score_each_user_once(tmp_path):
                         np.bincount(items, minlength=31), EvalConfig(batch_size=1000), torch.device("cpu"))
     assert gathered["user"].is_unique and len(gathered) == 101
     assert (gathered["rank"].to_numpy() == single["rank"].to_numpy()).all()
+
+
+def test_torchrun_two_processes_bft_smoke(tmp_path):
+    """DDP end to end through the real entry point (Gloo on CPU), BFT layer included."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BFTREC_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={_free_port()}", "-m", "bftrec.train", "debug=smoke", "layer=bft",
+                        "trainer.epochs=2", "trainer.num_threads=1", f"hydra.run.dir={tmp_path}/run"],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = pd.read_csv(tmp_path / "run" / "ranks.csv.gz")
+    assert ranks["user"].is_unique and len(ranks) == 200  # debug=smoke has 200 users

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_e2e import smoke_cfg
 from bftrec.train import run
+from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,8 +44,8 @@ def test_seed_mean_matches_metrics_json(runs):
     mt = _make_tables()
     groups = mt.cells(mt.load_runs(runs / "runs"))
     std = groups[("synthetic", "sasrec", "", "standard")]
-    vals = [json.loads((runs / "runs" / "standard" / f"seed{s}" / "metrics.json").read_text())["test"]["overall"]["HR@10"]
-            for s in (0, 1)]
+    paths = [runs / "runs" / "standard" / f"seed{s}" / "metrics.json" for s in (0, 1)]
+    vals = [json.loads(p.read_text())["test"]["overall"]["HR@10"] for p in paths]
     assert mt.fmt(vals) == mt.overall_table(groups).query("layer == 'standard'")["HR@10"].iloc[0]
     assert len(std) == 2
 

@@ -220,9 +220,8 @@ class LayerRun:
             plain forward, where nothing consumes it).
         want_stats: return per-position mechanism statistics (BFT.md §6).
         probe: a dict to record min/max of every clamped quantity on valid positions, or None.
-        rows: (n,) int64 flat indices ``b·T + t`` of the valid positions (computed once per forward by
-            the stack), or None for all positions; per-token work that padding never uses (the FFN
-            Jacobian) runs on these rows only.
+        rows: (n,) int64 flat indices ``b·T + t`` of the valid positions, the order of the λ rows
+            (computed once per forward by the stack); None = the block computes them from the mask.
     """
 
     calibrate: bool = False
@@ -402,7 +401,7 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
         # ---- update: residual as a Kalman update (BFT.md §2); padding: K = 0, h' = h
         with _fp32(dev):
             K, lam1 = kalman_precision(lam, lam_obs, hi, not learned)  # (n, D) or (1, 1); (n, D)
-            delta = K * gather_rows(self.drop(o), rows)  # (n, D) = K ⊙ drop(o)
+            delta = K * gather_rows(self.drop(o), rows)  # (n, D) = K ⊙ drop(o); dropout position-aligned as native
         h1 = h.reshape(B * T, D).index_add(0, rows, delta.to(h.dtype)).view(B, T, D)  # (B·T, D) -> (B, T, D)
         del o, delta
         _record(run.probe, "lam1", lam1)
@@ -452,13 +451,21 @@ class BFTStack(nn.Module):
     """A stack of BFT blocks carrying ``(h, λ)`` from layer to layer (BFT.md "Notation", §0–§3, §6).
 
     ``forward(h, items, masks, mech=None, **ctx) -> h``, the same signature as the standard ``Stack``.
+    λ is carried as (n, D) float32 rows of the valid positions (``bftrec.layers.precision``);
+    ``forward_with_precision`` returns it as (B, L, D), exactly 0 on padding. ``ctx`` may hold
+    ``tau_input`` (B, L, D), the input of the τ MLP (``tau.kind=mlp``; default: the stack input ``h``).
 
     Attributes:
         blocks: ``nn.ModuleList`` of BFT blocks (the backbone may re-initialise their native weights).
         tau: ``InitialPrecision`` (τ), outside ``blocks``.
         probe: None, or a dict that forwards fill with per-layer min/max of every clamped quantity on
             valid positions (``lam``, ``lam_obs``, ``lam1``, ``lam2``: lists of (min, max)); for tests
-            and diagnostics of the "clamps never bind" requirement (BFT.md "Notation").
+            and diagnostics of the "clamps never bind" requirement (BFT.md "Notation"). Costs a host
+            sync per entry; leave None in training.
+    Notes:
+        The last block's λ'' feeds no later layer and no loss, so in a plain ``forward`` it is not
+        computed and that block's ``theta_q`` receives no gradient (DDP needs
+        ``find_unused_parameters=True`` or ``static_graph=True`` with ``layer=bft``).
     """
 
     def __init__(self, blocks: list[nn.Module], tau: InitialPrecision, cfg: BFTLayerConfig) -> None:

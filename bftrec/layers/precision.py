@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "valid_rows", "gather_rows", "scatter_rows", "gather_head_rows", "log_mean_precision", "kriging_bias",
-    "kriging_moments", "kish_sums", "kriging_stats", "reml_shrinkage", "prior_statistic", "output_precision", "observe_precision", "kalman_gain",
-    "kalman_precision", "kalman_update", "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag",
-    "prenorm_ffn_jacobian_diag_fused", "predict_precision", "layernorm_precision",
+    "valid_rows", "gather_rows", "scatter_rows", "gather_head_rows",
+    "log_mean_precision", "kriging_bias", "kriging_moments", "kish_sums", "kriging_stats", "reml_shrinkage",
+    "prior_statistic", "output_precision", "observe_precision",
+    "kalman_gain", "kalman_precision", "kalman_update",
+    "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag", "prenorm_ffn_jacobian_diag_fused",
+    "predict_precision", "layernorm_precision",
 ]
 
 
