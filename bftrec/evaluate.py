@@ -21,10 +21,8 @@ import torch
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError
-from bftrec.data.datasets import load_dataset
-from bftrec.models import DataInfo
-from bftrec.train import evaluate_test, one_line_errors, protocol_block, typed_groups, write_outputs
-from bftrec.trainer import resolve_device
+from bftrec.train import build, evaluate_test, one_line_errors, protocol_block, typed_groups, write_outputs
+from bftrec.trainer import first_batch, mean_gain, resolve_device, seed_everything, training_tensors
 
 log = logging.getLogger("bftrec")
 
@@ -50,10 +48,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     g = typed_groups(cfg)
     root, ds, ev, tc = g["root"], g["dataset"], g["eval"], g["trainer"]
     device = resolve_device(tc.device)
-    data = load_dataset(ds, data_root=root.data_root, cache_dir=root.cache_dir)
-    counts = data.train_counts()
-    info = DataInfo(n_items=data.n_items, train_counts=counts, has_timestamps=data.timestamps is not None)
-    model = g["model_cls"](g["model"], g["layer"], info).to(device)
+    data, counts, model = build(g, device)
     ck = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(ck["model"])
     metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len, amp=tc.amp)
@@ -66,6 +61,24 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
     write_outputs(out_dir, metrics, device, started)
     return metrics
+
+
+def replay_gain(run_dir: Path) -> dict:
+    """Initial and final mean K per layer on the first training batch, for a run made before the
+    trainer recorded it: rebuilds the model with the run's seed exactly as ``run`` does (same RNG
+    order), calibrates on the same batch, measures K, then loads the best checkpoint and measures again.
+    """
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    g = typed_groups(cfg)
+    device = torch.device("cpu")
+    seed_everything(g["root"].seed, g["trainer"].deterministic)
+    data, _, model = build(g, device)
+    first = first_batch(*training_tensors(data, g["model"].max_len, device), g["trainer"].batch_size)
+    model.calibrate(first)
+    initial = mean_gain(model, first)
+    model.load_state_dict(torch.load(Path(run_dir) / "checkpoint.pt", map_location=device,
+                                     weights_only=False)["model"])
+    return {"initial_K_per_layer": initial, "final_K_per_layer": mean_gain(model, first)}
 
 
 def main(argv: list[str] | None = None) -> None:

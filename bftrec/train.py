@@ -32,7 +32,7 @@ from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
-from bftrec.trainer import fit, is_main, resolve_device, seed_everything
+from bftrec.trainer import fit, is_main, mean_gain, resolve_device, seed_everything
 
 log = logging.getLogger("bftrec")
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -100,6 +100,15 @@ def _cpu_name() -> str:
         return platform.processor()
 
 
+def build(g: dict, device: torch.device) -> tuple:
+    """Load the dataset and build the backbone from typed groups; returns (data, train_counts, model)."""
+    root = g["root"]
+    data = load_dataset(g["dataset"], data_root=root.data_root, cache_dir=root.cache_dir)
+    counts = data.train_counts()
+    info = DataInfo(n_items=data.n_items, train_counts=counts, has_timestamps=data.timestamps is not None)
+    return data, counts, g["model_cls"](g["model"], g["layer"], info).to(device)
+
+
 def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     """Train and evaluate one configuration; return the metrics dict (also written to metrics.json).
 
@@ -127,10 +136,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
         torch.set_num_threads(tc.num_threads)
     seed_everything(root.seed, tc.deterministic)
 
-    data = load_dataset(ds, data_root=root.data_root, cache_dir=root.cache_dir)
-    counts = data.train_counts()
-    info = DataInfo(n_items=data.n_items, train_counts=counts, has_timestamps=data.timestamps is not None)
-    model = g["model_cls"](mc, lc, info).to(device)
+    data, counts, model = build(g, device)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
              n_params, data.n_users, data.n_items, device)
@@ -143,6 +149,11 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(best["model"])
     metrics = evaluate_test(model, data, counts, ev, device, mc.max_len, amp=tc.amp)
+    if "mechanism" in metrics and result.initial_gain is not None:
+        metrics["mechanism"]["gain_first_batch"] = {
+            "tokens": "real tokens of the first trainer.batch_size users' training windows",
+            "initial_K_per_layer": result.initial_gain,  # after calibration, before the first step
+            "final_K_per_layer": mean_gain(model, result.first_batch)}  # at the best checkpoint
     metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed, "tag": root.tag,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "layer_config": OmegaConf.to_container(OmegaConf.structured(lc)), "data": data.stats,

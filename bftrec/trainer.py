@@ -94,6 +94,45 @@ class FitResult:
     best_valid: dict
     history: list = field(default_factory=list)
     stopped_early: bool = False
+    initial_gain: Optional[list] = None   # BFT: mean K per layer on the first batch after calibration
+    first_batch: Optional[dict] = None    # that batch (the first batch_size users), to measure K again
+
+
+def training_tensors(data, max_len: int, device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(U', L + 1) int64 training windows (and unix-second times, or None) of users with >= 1 training item."""
+    seqs = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))  # (U, L + 1)
+    times = (torch.from_numpy(train_windows(data.timestamps, data.offsets, max_len + 1))
+             if data.timestamps is not None else None)
+    keep = seqs[:, -1].ne(0)  # users with at least one training item
+    return seqs[keep].to(device), (times[keep].to(device) if times is not None else None)
+
+
+def first_batch(seqs: torch.Tensor, times: Optional[torch.Tensor], batch_size: int) -> dict:
+    """The first ``batch_size`` users' windows: the calibration batch and the K probe."""
+    batch = {"seq": seqs[:batch_size]}
+    if times is not None:
+        batch["time"] = times[:batch_size]
+    return batch
+
+
+def mean_gain(model: nn.Module, batch: dict) -> Optional[list]:
+    """Mean Kalman gain K per layer over the real tokens of a training ``batch`` (eval mode, no grad).
+
+    BFT.md §0 asks to log the initial and final mean K per layer; the trainer measures it on the
+    first training batch right after calibration, and again at the best checkpoint. Returns None
+    for standard layers (no mechanism).
+    """
+    inputs = {"item_seq": batch["seq"][:, 1:]}  # (B, L) the most recent L training items
+    if "time" in batch:
+        inputs["time"] = batch["time"][:, 1:]
+    was_training = model.training
+    model.eval()
+    mech = model.mechanism(inputs)
+    model.train(was_training)
+    if not mech:
+        return None
+    valid = inputs["item_seq"].ne(0)
+    return [float(layer["K"][valid].mean()) for layer in mech["layers"]]
 
 
 def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -115,12 +154,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         raise ConfigError("trainer.epochs, batch_size, patience and eval_every must all be >= 1")
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
-    seqs = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))  # (U, L + 1)
-    times = (torch.from_numpy(train_windows(data.timestamps, data.offsets, max_len + 1))
-             if data.timestamps is not None else None)
-    keep = seqs[:, -1].ne(0)  # users with at least one training item
-    seqs = seqs[keep].to(device)
-    times = times[keep].to(device) if times is not None else None
+    seqs, times = training_tensors(data, max_len, device)
     lengths = seqs.ne(0).sum(1).cpu()  # (U,)
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
         if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)
@@ -130,7 +164,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         plain = isinstance(getattr(model, "stack", None), Stack)
         runner = nn.parallel.DistributedDataParallel(runner, find_unused_parameters=not plain)
 
-    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": []}
+    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
+             "initial_gain": None}
+    first = first_batch(seqs, times, cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
         last = Path(cfg.resume) / "last.pt"
@@ -144,10 +180,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at epoch %d", last, state["epoch"])
     else:
-        first = {"seq": seqs[: cfg.batch_size]}
-        if times is not None:
-            first["time"] = times[: cfg.batch_size]
         model.calibrate(first)
+        state["initial_gain"] = mean_gain(model, first)
 
     steps = cfg.max_steps_per_epoch or None
     stopped = False
@@ -208,4 +242,5 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             break
     if state["best_epoch"] < 0:
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
-    return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped)
+    return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,
+                     state.get("initial_gain"), first)

@@ -295,6 +295,7 @@ def main() -> None:
     windows, source = training_windows(np.random.default_rng(0))
     t_start = time.time()
     result = {
+        "command": "python " + " ".join(sys.argv),
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),

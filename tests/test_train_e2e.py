@@ -107,3 +107,16 @@ def test_cli_smoke_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     found = list((tmp_path / "runs").glob("synthetic/sasrec/standard/seed0_*/metrics.json"))
     assert len(found) == 1
+
+
+def test_bft_run_records_gain_and_replay_matches(tmp_path):
+    """BFT.md §0: initial and final mean K per layer are logged; the replay reproduces them exactly."""
+    from bftrec.evaluate import replay_gain
+
+    m = run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
+    recorded = m["mechanism"]["gain_first_batch"]
+    assert len(recorded["initial_K_per_layer"]) == 1 and 0.0 < recorded["initial_K_per_layer"][0] <= 1.0
+    replay = replay_gain(tmp_path / "run")
+    assert replay["initial_K_per_layer"] == recorded["initial_K_per_layer"]
+    assert replay["final_K_per_layer"] == recorded["final_K_per_layer"]
+    assert {"per_layer", "by_item_freq", "cold_users", "warm_users"} <= set(m["mechanism"])

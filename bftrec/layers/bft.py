@@ -598,3 +598,7 @@ def build_bft_stack(layer_cfg: BFTLayerConfig, block_cls: type, n_layers: int, n
 __all__ = ["TauConfig", "BFTParams", "BFTLayerConfig", "check_bft_config", "starting_tau", "InitialPrecision",
            "LayerRun", "BFTBlockMixin", "BFT_VARIANTS", "register_variant", "BFTSASRecBlock", "bft_variant_for",
            "BFTStack", "bft_overhead", "build_bft_stack"]
+
+# The post-LN (BERT4Rec) and sandwich (HSTU) variants live in their own module; importing it here
+# registers them whenever ``layer=bft`` exists (``bftrec.models`` imports this module).
+from bftrec.layers import bft_variants  # noqa: E402, F401  (registration side effect, after every name above)
