@@ -82,7 +82,7 @@ def merge_schema(schema: type, node: Any, where: str) -> Any:
     try:
         merged = OmegaConf.merge(base, node)
     except ConfigKeyError as e:
-        key = getattr(e, "key", None) or str(e).splitlines()[0]
+        key = getattr(e, "full_key", None) or getattr(e, "key", None) or str(e).splitlines()[0]
         known = ", ".join(f.name for f in schema.__dataclass_fields__.values())
         raise ConfigError(f"unknown key '{where}.{key}'; known keys in {where}: {known}") from None
     except ValidationError as e:

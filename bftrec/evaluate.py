@@ -25,6 +25,8 @@ from bftrec.train import build, evaluate_test, one_line_errors, protocol_block, 
 from bftrec.trainer import first_batch, mean_gain, resolve_device, seed_everything, training_tensors
 
 log = logging.getLogger("bftrec")
+# besides eval.*: keys that change where data is read or where scoring runs, never what was trained
+RESCORE_KEYS = ("data_root", "cache_dir", "trainer.device")
 
 
 def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) -> dict:
@@ -41,6 +43,11 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
             raise FileNotFoundError(f"{run_dir / name} not found; pass a run directory written by bftrec-train")
     cfg = OmegaConf.load(run_dir / "config.yaml")
     OmegaConf.set_struct(cfg, True)
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if not (key.startswith("eval.") or key in RESCORE_KEYS):
+            raise ConfigError(f"bftrec-eval cannot override {key!r}: the checkpoint was trained on that setting; "
+                              f"allowed: eval.*, {', '.join(RESCORE_KEYS)} (retrain with bftrec-train instead)")
     try:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except Exception as e:  # omegaconf raises several types for unknown keys
@@ -51,7 +58,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     data, counts, model = build(g, device)
     ck = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(ck["model"])
-    metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len, amp=tc.amp)
+    metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len)
     metrics = {"dataset": ds.name, "model": g["model"].name, "layer": g["layer"].name, "seed": root.seed,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "rescored_from": str(run_dir), "overrides": overrides, "best_epoch": ck.get("epoch"),

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bftrec.config import EvalConfig, check_choice
+from bftrec.config import ConfigError, EvalConfig, check_choice
 from bftrec.data.batches import Split, history_pairs, loo_split, trim_left, windows
 from bftrec.metrics import ranks_from_scores
 
@@ -37,7 +37,18 @@ def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
     check_choice(cfg.repeat_target, ("keep", "mask"), "eval.repeat_target")
     check_choice(cfg.sampled_kind, ("uniform", "popularity"), "eval.sampled_kind")
     check_choice(cfg.bin_mode, ("equal_items", "equal_interactions"), "eval.bin_mode")
+    for key in ("batch_size", "n_negatives", "n_bins"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"eval.{key}={getattr(cfg, key)} must be >= 1")
+    if not cfg.ks:
+        raise ConfigError("eval.ks is empty; give at least one cut-off, e.g. eval.ks=[10]")
+    if cfg.cold_user_max_history is not None and cfg.cold_user_max_history < 0:
+        raise ConfigError(f"eval.cold_user_max_history={cfg.cold_user_max_history} must be >= 0 or null")
+    if not 0 < cfg.cold_share <= 1:
+        raise ConfigError(f"eval.cold_share={cfg.cold_share} must be in (0, 1]")
     n_cand = n_items if cfg.protocol == "full" else cfg.n_negatives + 1
+    if cfg.protocol == "sampled100" and cfg.n_negatives >= n_items:
+        raise ConfigError(f"eval.n_negatives={cfg.n_negatives} must be < the number of items ({n_items})")
     check_k(list(cfg.ks), n_cand)
 
 
@@ -84,7 +95,7 @@ def _dist() -> tuple[int, int]:
 @torch.no_grad()
 def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Optional[np.ndarray],
                which: str, n_items: int, max_len: int, train_counts: np.ndarray, cfg: EvalConfig,
-               device: torch.device, amp: bool = False, mech_sink: Optional[list] = None) -> pd.DataFrame:
+               device: torch.device, mech_sink: Optional[list] = None) -> pd.DataFrame:
     """Score every user of split ``which`` and return the rank table.
 
     Args:
@@ -127,8 +138,8 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
         batch = {"item_seq": x}
         if timestamps is not None:
             batch["time"] = torch.from_numpy(t).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp and device.type == "cuda"):
-            scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
+        # fp32 scoring even under AMP training: bf16 scores create ties, and ties count against the target
+        scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
         bad = ~torch.isfinite(scores[:, 1:])
         if bad.any():
             r, c = (int(v) for v in bad.nonzero()[0])

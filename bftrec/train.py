@@ -27,12 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, merge_schema, validate_root
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
-from bftrec.evaluation import rank_users
+from bftrec.evaluation import check_eval_config, rank_users
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
-from bftrec.trainer import fit, is_main, mean_gain, resolve_device, seed_everything
+from bftrec.trainer import check_trainer_config, fit, is_main, mean_gain, resolve_device, seed_everything
 
 log = logging.getLogger("bftrec")
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -121,6 +121,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     started = time.time()
     g = typed_groups(cfg)
     root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
+    check_trainer_config(tc, ev)  # before any data is read or any epoch is spent
     if out_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{stamp}"
@@ -137,6 +138,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     seed_everything(root.seed, tc.deterministic)
 
     data, counts, model = build(g, device)
+    check_eval_config(ev, data.n_items)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
              n_params, data.n_users, data.n_items, device)
@@ -148,7 +150,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
         torch.distributed.barrier()  # rank 0 has written the best checkpoint
     best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(best["model"])
-    metrics = evaluate_test(model, data, counts, ev, device, mc.max_len, amp=tc.amp)
+    metrics = evaluate_test(model, data, counts, ev, device, mc.max_len)
     if "mechanism" in metrics and result.initial_gain is not None:
         metrics["mechanism"]["gain_first_batch"] = {
             "tokens": "real tokens of the first trainer.batch_size users' training windows",
@@ -178,12 +180,11 @@ def init_distributed(device: torch.device, out_dir: Path) -> tuple[torch.device,
     return device, Path(shared[0])
 
 
-def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int,
-                  amp: bool = False) -> dict:
+def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int) -> dict:
     """Score the test split once; return test metrics, strata, mechanism and the rank table."""
     sink: Optional[list] = [] if ev.mechanism else None
     table = rank_users(model, data.items, data.offsets, data.timestamps, "test", data.n_items, max_len,
-                       counts, ev, device, amp=amp, mech_sink=sink)
+                       counts, ev, device, mech_sink=sink)
     thr = ev.cold_user_max_history
     if thr is None:
         thr = cold_threshold(table["history_len"].to_numpy(), ev.cold_share)

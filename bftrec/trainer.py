@@ -13,6 +13,8 @@ import logging
 import math
 import os
 import random
+import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,25 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={name} but no CUDA device is available; use trainer.device=cpu or auto")
     return torch.device(name)
+
+
+def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig) -> None:
+    """One-line ConfigError for impossible trainer settings, checked before any data is read."""
+    for key in ("epochs", "batch_size", "patience", "eval_every"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"trainer.{key}={getattr(cfg, key)} must be >= 1")
+    for key in ("weight_decay", "grad_clip", "max_steps_per_epoch", "num_threads"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"trainer.{key}={getattr(cfg, key)} must be >= 0 (0 = off/default)")
+    if not cfg.lr > 0:
+        raise ConfigError(f"trainer.lr={cfg.lr} must be > 0")
+    check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
+    metrics = [f"{m}@{k}" for k in eval_cfg.ks for m in ("HR", "NDCG")] + ["MRR"]
+    if cfg.select_metric not in metrics:
+        raise ConfigError(f"trainer.select_metric={cfg.select_metric!r} is not computed; choose one of "
+                          f"{', '.join(metrics)} (K from eval.ks)")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise ConfigError(f"trainer.device={cfg.device!r} is not valid; use auto, cpu, cuda or cuda:N")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -77,7 +98,8 @@ def epoch_batches(lengths: torch.Tensor, batch_size: int, gen: torch.Generator, 
     Batches then hold similar lengths, so trimming their common left padding saves most of the
     work on short-sequence data (Amazon: mean length ~8 against max_len 50).
     """
-    perm = torch.randperm(len(lengths), generator=gen)[rank::world]
+    perm = torch.randperm(len(lengths), generator=gen)
+    perm = perm[: len(perm) - len(perm) % world][rank::world]  # equal shares: every rank takes as many steps
     if not bucket:
         return list(perm.split(batch_size))
     batches: list[torch.Tensor] = []
@@ -150,8 +172,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     Raises:
         ConfigError: bad trainer settings; ValueError: a non-finite loss (with epoch and step).
     """
-    if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.patience < 1 or cfg.eval_every < 1:
-        raise ConfigError("trainer.epochs, batch_size, patience and eval_every must all be >= 1")
+    check_trainer_config(cfg, eval_cfg)
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
     seqs, times = training_tensors(data, max_len, device)
@@ -179,6 +200,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         gen.set_state(ck["generator"])
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at epoch %d", last, state["epoch"])
+        best_ck = Path(cfg.resume) / "checkpoint.pt"
+        if is_main() and best_ck.exists() and best_ck.resolve() != (out_dir / "checkpoint.pt").resolve():
+            shutil.copy2(best_ck, out_dir / "checkpoint.pt")  # the best epoch may precede the resume
     else:
         model.calibrate(first)
         state["initial_gain"] = mean_gain(model, first)
@@ -214,7 +238,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
             t1 = time.time()
             table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
-                               max_len, data.train_counts(), eval_cfg, device, amp=amp)
+                               max_len, data.train_counts(), eval_cfg, device)
             valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
             row.update({f"valid_{k}": v for k, v in valid.items() if k != "n_users"})
             row["eval_seconds"] = time.time() - t1

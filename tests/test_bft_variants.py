@@ -492,3 +492,16 @@ def test_detach_precision_grad(name):
     assert sum(float(g.abs().sum()) for g in full_block if g is not None) > 0  # default: λ depends on weights
     with torch.no_grad():
         assert torch.equal(full.encode(x["item_seq"], x["time"]), det.encode(x["item_seq"], x["time"]))
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_precision_is_float32_under_autocast(name):
+    m = calibrated(name, bft_cfg()).eval()
+    x = scoring(windows())
+    masks = build_masks(x["item_seq"], m.causal)
+    mech: dict = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h, lam = m.stack.forward_with_precision(m.embed(x["item_seq"]), x["item_seq"], masks, mech=mech,
+                                                time=x["time"])
+    assert lam.dtype == torch.float32 and all(la["K"].dtype == torch.float32 for la in mech["layers"])
+    assert torch.isfinite(lam).all() and torch.isfinite(h.float()).all() and (lam[masks.valid] > 0).all()

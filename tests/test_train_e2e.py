@@ -71,6 +71,12 @@ def test_rescore_writes_new_folder_and_keeps_the_run(tmp_path):
     ("model.max_len=0", "max_len"),
     ("eval.ks=[10,5000]", "K=5000"),
     ("eval.repeat_target=drop", "repeat_target"),
+    ("trainer.select_metric=NDCG@50", "select_metric"),
+    ("model.n_heads=0", "n_heads"),
+    ("trainer.device=gpu", "trainer.device"),
+    ("eval.batch_size=0", "eval.batch_size"),
+    ("trainer.max_steps_per_epoch=-1", "max_steps_per_epoch"),
+    ("eval.cold_user_max_history=-1", "cold_user_max_history"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, override, message):
     with pytest.raises((ConfigError, ValueError, Exception), match=message):
@@ -120,3 +126,16 @@ def test_bft_run_records_gain_and_replay_matches(tmp_path):
     assert replay["initial_K_per_layer"] == recorded["initial_K_per_layer"]
     assert replay["final_K_per_layer"] == recorded["final_K_per_layer"]
     assert {"per_layer", "by_item_freq", "cold_users", "warm_users"} <= set(m["mechanism"])
+
+
+def test_rescore_refuses_training_overrides(tmp_path):
+    run(smoke_cfg(tmp_path), tmp_path / "run")
+    with pytest.raises(ConfigError, match="cannot override 'dataset.synthetic.seed'"):
+        rescore(tmp_path / "run", ["dataset.synthetic.seed=3"], tmp_path / "re")
+
+
+def test_resume_keeps_best_checkpoint_and_continues(tmp_path):
+    first = run(smoke_cfg(tmp_path, "trainer.epochs=1"), tmp_path / "a")
+    resumed = run(smoke_cfg(tmp_path, "trainer.epochs=2", f"trainer.resume={tmp_path / 'a'}"), tmp_path / "b")
+    assert (tmp_path / "b" / "checkpoint.pt").exists()
+    assert resumed["epochs_run"] == 2 and first["epochs_run"] == 1

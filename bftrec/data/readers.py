@@ -253,6 +253,11 @@ def read_tsv(path: Path) -> pd.DataFrame:
     first = list(tok.array[:n])
     cols: tuple[int, int, Optional[int]] = (0, 1, 2)
     skip = 0
+    if n > 3 and _INT.fullmatch(first[2]) is not None:
+        # without a header, a 4th column makes the time column ambiguous (u.data is user item rating time)
+        raise _fail(path, int(tok.linenos[0]), f"{n} columns and no header row: which one is the timestamp?",
+                    _line(text, int(tok.linenos[0])),
+                    "a header naming user_id, item_id and timestamp, or exactly 3 columns (or reader ml_udata)")
     if n < 3 or _INT.fullmatch(first[2]) is None:
         u, i, t = _pick(first, _USER_COLS), _pick(first, _ITEM_COLS), _pick(first, _TIME_COLS)
         if u is None or i is None:
@@ -443,8 +448,16 @@ def read_lcrec_json(path: Path) -> pd.DataFrame:
     """
     path, expected = Path(path), "a JSON object {user: [item, …]} (lcrec_json)"
     text = _text(path)
+    def no_duplicate_users(pairs: list) -> dict:
+        seen: dict = {}
+        for key, value in pairs:
+            if key in seen and isinstance(value, list):
+                raise _fail(path, None, f"user {key!r} appears twice", key, expected)
+            seen[key] = value
+        return seen
+
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=no_duplicate_users)
     except json.JSONDecodeError as err:
         line = text.splitlines()[err.lineno - 1] if text.strip() else text
         raise _fail(path, err.lineno, f"invalid JSON ({err.msg})", line, expected) from None

@@ -3,8 +3,9 @@
 Source: Long et al., "Precision Tracked Transformer via Kalman Filtering, Kriging and Process Noise"
 (arXiv 2605.18832, 2026). Labels follow BFT.md: **[paper]** = stated by the paper's summary,
 **[bftrec]** = our completion. The pure formulas live in ``bftrec.layers.precision``; this file holds
-the config, the initial precision τ, the stack that carries ``(h, λ)`` and the per-backbone block
-variants.
+the config, the initial precision τ, the stack that carries ``(h, λ)`` and the pre-LN SASRec variant;
+the post-LN BERT4Rec and the HSTU variants live in ``bftrec.layers.bft_variants`` (imported at the
+bottom of this file, so they are registered whenever this module is).
 
 Structure (how to add a backbone's BFT variant)::
 
@@ -22,7 +23,8 @@ A variant subclasses the native block, so parameter names and shapes are the nat
 standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT extras ``theta_q``,
 ``s0sq``, ``s0sq_ready`` per block and the stack's τ). Post-LN (BERT4Rec) adds
 ``precision.layernorm_precision`` after each residual (§2) and ``precision.ffn_jacobian_diag`` (no LN
-term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4).
+term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4,
+``bft_variants.sandwich_stats``).
 
 Cost (BFT.md §5.8): the kriging moments and Kish sums are one autograd node, and so is the FFN
 Jacobian (hand-written backwards that save little); padding has no precision rows, so every

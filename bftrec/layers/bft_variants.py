@@ -32,7 +32,6 @@ from bftrec.layers.precision import (
     gather_head_rows,
     gather_rows,
     kalman_precision,
-    kish_sums,
     kriging_bias,
     layernorm_precision,
     log_mean_precision,
@@ -224,7 +223,7 @@ def sandwich_stats(wt: torch.Tensor, v: torch.Tensor):
       the expanded square in one batched matmul of ``p²`` with ``[v, v⊙v]`` (no (B, H, T, T, d) tensor),
       clamped at ``≥ 0``. Returned as ``M/a₁²`` (scale-free, no underflow of tiny weights);
     - ``a2 = Σ p² = Σw̃²/a₁²`` (``n = (Σ|w̃|)²/Σw̃² = 1/a2``) and ``b = Σ p(1 − p)`` (``n − 1 = b/a2``,
-      elementwise, never by subtraction, as BFT.md §1), via ``precision.kish_sums``.
+      elementwise, never by subtraction, as BFT.md §1), as ``precision.kish_sums(p)``.
 
     A row with ``a₁ = 0`` (no valid key) gives all zeros and must be masked by the caller.
 
@@ -239,8 +238,9 @@ def sandwich_stats(wt: torch.Tensor, v: torch.Tensor):
     a1 = aw.sum(-1)  # (B, H, T)
     p = aw / torch.where(a1 > 0, a1, torch.ones_like(a1))[..., None]  # (B, H, T, T), rows sum to 1 or 0
     c = p @ v  # (B, H, T, d)
-    a2, b = kish_sums(p)  # (B, H, T) each
-    mom = (p * p) @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d) = [W²v, W²v²] / a₁²
+    p2 = p * p  # (B, H, T, T) = W²/a₁², shared by the Kish sums and the moments
+    a2, b = p2.sum(-1), (p - p2).sum(-1)  # precision.kish_sums(p), reusing p²
+    mom = p2 @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d) = [W²v, W²v²] / a₁²
     meat = torch.relu(mom[..., d:] - 2.0 * c * mom[..., :d] + c * c * a2[..., None])  # M / a₁²
     return c, meat, a1, a2, b
 
@@ -309,10 +309,12 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
         K = λ^obs/(λ + λ^obs); h' = h + K ⊙ f₂(drop(LN2(m) ⊙ u)); λ' = λ + λ^obs   # §2 [paper]
         λ'' = (1/λ' + Q)⁻¹                                               # §3, HSTU: no FFN [paper]
 
-    A row with ``Σ|w̃| = 0`` (no valid key) gets ``λ^obs = 0``, hence ``K = 0`` (learned precision).
-    ``bft.precision=uniform``: ``w̃ = w`` and ``K = 1`` (λ still computed): the native block on valid
-    positions (BFT.md §5.1). ``s₀²`` follows §1's semantics (``BFTBlockMixin``), with the statistic of
-    ``sandwich_variance``.
+    A row with ``Σ|w̃| = 0`` (no valid key) gets ``λ^obs = 0``, hence ``K = 0`` (learned precision). The
+    test is per head (``w̃`` is): a head whose row is empty has ``m = 0`` exactly and adds no variance,
+    and a position gets ``λ^obs = 0`` when the rows of all its heads are empty (keys are shared by heads,
+    so in practice all or none are). ``bft.precision=uniform``: ``w̃ = w`` and ``K = 1`` (λ still
+    computed): the native block on valid positions (BFT.md §5.1). ``s₀²`` follows §1's semantics
+    (``BFTBlockMixin``), with the statistic of ``sandwich_variance``.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, attn_dropout: float, max_len: int,

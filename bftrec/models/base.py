@@ -82,6 +82,13 @@ def check_common(cfg, n_items: int) -> None:
     """Checks shared by all backbones; one-line ConfigError on an impossible setting."""
     if cfg.max_len < 1:
         raise ConfigError(f"model.max_len={cfg.max_len} must be >= 1 (the number of most recent items kept)")
+    for key in ("d_model", "n_heads", "d_ff"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"model.{key}={getattr(cfg, key)} must be >= 1")
+    if not cfg.init_std > 0:
+        raise ConfigError(f"model.init_std={cfg.init_std} must be > 0")
+    if not 0.0 <= cfg.attn_dropout < 1.0:
+        raise ConfigError(f"model.attn_dropout={cfg.attn_dropout} must be in [0, 1)")
     if cfg.d_model % cfg.n_heads:
         raise ConfigError(f"model.d_model={cfg.d_model} must be divisible by model.n_heads={cfg.n_heads}")
     if not 0.0 <= cfg.dropout < 1.0:

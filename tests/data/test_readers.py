@@ -243,3 +243,18 @@ def test_long_offending_text_is_truncated(tmp_path):
     with pytest.raises(DataFormatError) as e:
         read("sasrec", write(tmp_path / "bad.txt", "1 2\n" + " ".join(["9"] * 500) + "\n"))
     assert len(str(e.value)) < 300
+
+
+def test_headerless_tsv_with_four_columns_is_ambiguous(tmp_path):
+    """u.data-like rows (user item rating time) must not be read with the rating as the time."""
+    f = tmp_path / "x.tsv"
+    f.write_text("u1\ti1\t5\t100\nu1\ti2\t4\t200\n")
+    with pytest.raises(DataFormatError, match="which one is the timestamp"):
+        read("tsv", f)
+
+
+def test_lcrec_json_duplicate_user_is_an_error(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text('{"u1": [1, 2, 3], "u2": [4, 5, 6], "u1": [7, 8, 9]}')
+    with pytest.raises(DataFormatError, match="appears twice"):
+        read("lcrec_json", f)
