@@ -114,7 +114,8 @@ def overall_table(groups: dict) -> pd.DataFrame:
                 p = paired_p(rs, base, m)
                 row[f"{m} p"] = f"{p:.3g}" if p is not None else "–"
         row["valid NDCG@10"] = fmt([r["valid"]["NDCG@10"] for r in rs])
-        row["best epoch"] = fmt([r["best_epoch"] for r in rs]).replace(".0000", "")
+        epochs = [r["best_epoch"] for r in rs]
+        row["best epoch"] = f"{np.mean(epochs):.1f} ± {np.std(epochs, ddof=1) if len(epochs) > 1 else 0.0:.1f}"
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
 
