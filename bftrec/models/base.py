@@ -49,6 +49,15 @@ class SeqRecModel(nn.Module):
     Config: type = object
     causal: bool = True
 
+    def _init(self, m: nn.Module) -> None:
+        """N(0, cfg.init_std) for Linear and Embedding weights, zero biases and padding rows."""
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.cfg.init_std)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+                nn.init.zeros_(m.weight[m.padding_idx])
+
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
                mech: Optional[dict] = None) -> torch.Tensor:
         raise NotImplementedError

@@ -37,7 +37,6 @@ Deviations from the paper / reference implementation:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,8 +45,9 @@ import torch
 from torch import nn
 
 from bftrec.config import ConfigError
-from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
+from bftrec.layers import Masks, build_masks, build_stack
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+from bftrec.models.sasrec import PointWiseFFN, SelfAttention  # shared: the attention is mask-driven
 
 
 @dataclass
@@ -65,49 +65,6 @@ class BERT4RecConfig:
     init_std: float = 0.02              # N(0, init_std) initialisation
     mask_prob: float = 0.2              # cloze: probability of masking each item, in (0, 1)
     last_item_mask_share: float = 0.1   # share of training sequences that mask only the last item
-
-
-class SelfAttention(nn.Module):
-    """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend).
-
-    Parameters (BFT.md names): ``qkv`` (D -> 3D, q|k|v concatenated), ``out`` (W_O, D -> D).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, attn_dropout: float) -> None:
-        super().__init__()
-        self.n_heads = n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
-        self.attn_drop = nn.Dropout(attn_dropout)
-
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> q, k, v each (B, H, T, d)."""
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
-        shape = (B, T, self.n_heads, D // self.n_heads)
-        return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
-
-    def forward(self, x: torch.Tensor, masks: Masks) -> torch.Tensor:
-        """x (B, T, D) float, masks.attn (B, 1, T, T) bool -> (B, T, D)."""
-        q, k, v = self.heads(x)
-        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
-        alpha = masked_softmax(logits, masks.attn)  # padding keys get 0; an all-padding row is all 0
-        m = self.attn_drop(alpha) @ v  # (B, H, T, d)
-        B, H, T, d = m.shape
-        return self.out(m.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, D)
-
-
-class PointWiseFFN(nn.Module):
-    """FFN(y) = W2 GELU(W1 y + b1) + b2 (BFT.md §3 names: w1, w2)."""
-
-    def __init__(self, d_model: int, d_ff: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff)
-        self.w2 = nn.Linear(d_ff, d_model)
-        self.act = nn.GELU()
-
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.act(self.w1(y)))
 
 
 class BERT4RecBlock(nn.Module):
@@ -173,14 +130,6 @@ class BERT4Rec(SeqRecModel):
         self.head = nn.Sequential(nn.Linear(D, D), nn.GELU(), nn.LayerNorm(D))
         self.head.apply(self._init)
         self.out_bias = nn.Parameter(torch.zeros(info.n_items + 2))  # (N + 2,)
-
-    def _init(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=self.cfg.init_std)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
-                nn.init.zeros_(m.weight[m.padding_idx])
 
     @torch.no_grad()
     def input_variance(self) -> float:

@@ -219,14 +219,6 @@ class HSTU(SeqRecModel):
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
             block.apply(self._init)
 
-    def _init(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=self.cfg.init_std)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
-                nn.init.zeros_(m.weight[m.padding_idx])
-
     @torch.no_grad()
     def input_variance(self) -> float:
         """Mean per-coordinate variance of the layer-0 input (item * sqrt(D) + position) at init."""

@@ -41,8 +41,11 @@ class SASRecConfig:
     init_std: float = 0.02     # N(0, init_std) initialisation
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend)."""
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend).
+
+    Causal or bidirectional is decided by the mask it receives (SASRec: causal; BERT4Rec: padding only).
+    """
 
     def __init__(self, d_model: int, n_heads: int, attn_dropout: float) -> None:
         super().__init__()
@@ -86,7 +89,7 @@ class SASRecBlock(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, attn_dropout)
+        self.attn = SelfAttention(d_model, n_heads, attn_dropout)
         self.ln2 = nn.LayerNorm(d_model)
         self.ffn = PointWiseFFN(d_model, d_ff)
         self.drop = nn.Dropout(dropout)
@@ -119,14 +122,6 @@ class SASRec(SeqRecModel):
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
             block.apply(self._init)
         self.final_ln = nn.LayerNorm(D)
-
-    def _init(self, m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=self.cfg.init_std)
-            if isinstance(m, nn.Linear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-            if isinstance(m, nn.Embedding) and m.padding_idx is not None:
-                nn.init.zeros_(m.weight[m.padding_idx])
 
     @torch.no_grad()
     def input_variance(self) -> float:
