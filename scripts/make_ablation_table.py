@@ -2,9 +2,11 @@
 
     python scripts/make_ablation_table.py --runs results/office_sasrec/ablation --out results/office_sasrec/tau_ablation
 
-Reads each run's ``metrics.json`` (and, for runs made before the trainer logged it, replays the
-initial mean Kalman gain with ``bftrec.evaluate.replay_gain``, which rebuilds the model with the run's
-seed and checkpoint). One row per cell (tau.scale x tau.kind x tau.freq_slope); the row with the best
+Reads each run's ``metrics.json``. Runs made before the trainer logged the initial mean Kalman gain
+carry it in ``gain_first_batch.json`` next to ``metrics.json``, written once by
+``bftrec.evaluate.replay_gain`` (which rebuilds the model with the run's seed, calibrates on the same
+batch, then loads the run's checkpoint); a run without either file is replayed now, which needs its
+``checkpoint.pt`` and the data root. One row per cell (tau.scale x tau.kind x tau.freq_slope); the row with the best
 validation NDCG@10 is marked: that choice sets the defaults of ``configs/layer/bft.yaml``.
 """
 from __future__ import annotations
@@ -20,14 +22,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tables import header, load_runs  # noqa: E402
 
 
+def first_batch_gain(run: dict) -> dict:
+    """Initial/final K on the first batch: from metrics.json, else from the run's
+    ``gain_first_batch.json`` (committed), else replayed from its checkpoint and written there."""
+    gain = run.get("mechanism", {}).get("gain_first_batch")
+    if gain is not None:
+        return gain
+    cached = run["_ranks"].parent / "gain_first_batch.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    from bftrec.evaluate import replay_gain  # needs the run's checkpoint.pt and the data root
+
+    gain = replay_gain(run["_ranks"].parent)
+    cached.write_text(json.dumps(gain, indent=2) + "\n")
+    return gain
+
+
 def row(run: dict) -> dict:
     tau = run["layer_config"]["tau"]
     mech = run.get("mechanism", {})
-    gain = mech.get("gain_first_batch")
-    if gain is None:
-        from bftrec.evaluate import replay_gain
-
-        gain = replay_gain(run["_ranks"].parent)
+    gain = first_batch_gain(run)
     k_list = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     return {
         "tau.scale": tau["scale"], "tau.kind": tau["kind"], "tau.freq_slope": tau["freq_slope"],
@@ -57,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = ", ".join(f"{k}={df.loc[best, k]}" for k in ("tau.scale", "tau.kind", "tau.freq_slope"))
     text = (f"# τ ablation (SASRec + BFT, one seed per cell)\n\n{header(runs)}\n"
             f"- K: mean Kalman gain over real tokens; 'initial'/'final' on the first training batch (after "
-            f"calibration / at the best checkpoint), 'test histories' on the test inputs\n"
+            f"calibration / at the best checkpoint; from metrics.json or the run's gain_first_batch.json, "
+            f"replayed from its checkpoint), 'test histories' on the test inputs\n"
             f"- chosen by validation NDCG@10: {cells}\n\n"
             f"{df.to_markdown(index=False, floatfmt='.4f')}\n")
     args.out.with_suffix(".md").write_text(text)

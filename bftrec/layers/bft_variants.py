@@ -1,4 +1,4 @@
-"""BFT twins of the post-LN ``BERT4RecBlock`` and of the pointwise ``HSTUBlock`` (``/work/shared/docs/BFT.md``).
+"""BFT twins of the post-LN ``BERT4RecBlock`` and of the pointwise ``HSTUBlock`` (``../shared/docs/BFT.md``).
 
 Imported at the bottom of ``bftrec.layers.bft`` (so the variants are registered whenever ``layer=bft``
 exists, i.e. whenever ``bftrec.models`` is imported). Labels follow BFT.md: **[paper]** = stated by the
