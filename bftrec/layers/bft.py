@@ -298,6 +298,59 @@ class BFTBlockMixin:
         has = (count > 0)[:, None].expand(-1, d).reshape(-1)  # (H,) -> (D,)
         return mean.float(), has
 
+    def kriging_observe(self, x: torch.Tensor, lam: torch.Tensor, masks: Masks, run: LayerRun,
+                        rows: torch.Tensor, stats: dict) -> tuple:
+        """Observe (BFT.md §1), shared by the SASRec twin (``x = LN1(h)``, pre-LN) and the BERT4Rec twin
+        (``x = h``, post-LN): precision-weighted kriging attention, REML + inverse-χ² precision of the
+        estimate, and the delta method through ``W_O``.
+
+        Args:
+            x: (B, T, D) float attention input; lam: (n, D) float32 precision rows of ``rows``;
+            masks: the block's ``Masks``; run: the stack's ``LayerRun``; stats: receives ``prior`` in training.
+        Returns:
+            o (B, T, D) attention output before dropout; λ_obs (n, D) float32; ok (B, 1, T) bool (a valid
+            query with at least one valid key); a2 (B, H, T) float32 ``Σ α̃²`` (Kish n = 1/a2).
+        """
+        cfg = self.bft_cfg
+        lo, hi = cfg.clamp_min, cfg.clamp_max
+        learned, detach = cfg.precision == "learned", cfg.detach_precision_grad
+        valid = masks.valid  # (B, T)
+        B, T, D = x.shape
+        H = self.attn.n_heads
+        d = D // H
+        dev = x.device.type
+        s0sq = self.s0sq.detach().float().clone().view(H, d)  # value before this forward; (D,) -> (H, d)
+        q, k, v = self.attn.heads(x)  # (B, H, T, d) each
+        v = v.contiguous()  # one copy, shared by the value matmul and the moments
+        logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
+        allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
+        ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
+        with _fp32(dev):
+            logits = logits.float()
+            if learned:
+                logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
+            alpha = masked_softmax(logits, allowed)  # (B, H, T, T) float32, empty rows all 0
+            a_p, v_p, w_o = alpha, v.float(), self.attn.out.weight.float()
+            if detach:
+                a_p, v_p, w_o = a_p.detach(), v_p.detach(), w_o.detach()
+            setter = None
+            if run.calibrate:
+                def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+                    self.set_prior(total, count)
+                    return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
+            m_u, lam_obs, a2, prior = observe_precision(
+                a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
+                want_prior=self.training and not run.calibrate, set_prior=setter)  # lam_obs (n, D)
+            if prior is not None and not run.calibrate:
+                stats["prior"] = prior
+        _record(run.probe, "lam_obs", lam_obs)
+        if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
+            m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
+        else:
+            m = m_u  # eval / no attention dropout: the kriging mean is the value path
+        o = self.attn.out(m.transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D) -> (B, T, D)
+        return o, lam_obs, ok, a2
+
 
 # name of the native block class -> its BFT variant
 BFT_VARIANTS: Registry = Registry("BFT block")
@@ -361,44 +414,12 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
         valid = masks.valid  # (B, T)
         rows = valid_rows(valid) if run.rows is None else run.rows  # (n,)
         B, T, D = h.shape
-        H = self.attn.n_heads
-        d = D // H
         dev = h.device.type
-        s0sq = self.s0sq.detach().float().clone().view(H, d)  # value before this forward; (D,) -> (H, d)
         stats: dict = {}
         _record(run.probe, "lam", lam)
 
         # ---- observe: kriging attention (BFT.md §1)
-        q, k, v = self.attn.heads(self.ln1(h))  # (B, H, T, d) each
-        v = v.contiguous()  # one copy, shared by the value matmul and the moments
-        logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
-        allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
-        ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
-        with _fp32(dev):
-            logits = logits.float()
-            if learned:
-                logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
-            alpha = masked_softmax(logits, allowed)  # (B, H, T, T) float32, empty rows all 0
-            a_p, v_p, w_o = alpha, v.float(), self.attn.out.weight.float()
-            if detach:
-                a_p, v_p, w_o = a_p.detach(), v_p.detach(), w_o.detach()
-            setter = None
-            if run.calibrate:
-                def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-                    self.set_prior(total, count)
-                    return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
-            m_u, lam_obs, a2, prior = observe_precision(
-                a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
-                want_prior=self.training and not run.calibrate, set_prior=setter)  # lam_obs (n, D)
-            if prior is not None and not run.calibrate:
-                stats["prior"] = prior
-        _record(run.probe, "lam_obs", lam_obs)
-        if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
-            m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
-        else:
-            m = m_u  # eval / no attention dropout: the kriging mean is the value path
-        o = self.attn.out(m.transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D) -> (B, T, D)
-        del m, m_u, alpha
+        o, lam_obs, ok, a2 = self.kriging_observe(self.ln1(h), lam, masks, run, rows, stats)  # pre-LN
 
         # ---- update: residual as a Kalman update (BFT.md §2); padding: K = 0, h' = h
         with _fp32(dev):

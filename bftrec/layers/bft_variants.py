@@ -18,24 +18,21 @@ loads with ``strict=False`` and only the BFT extras (``theta_q``, ``s0sq``, ``s0
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bftrec.layers import Masks, masked_softmax
+from bftrec.layers import Masks
 from bftrec.layers.bft import BFTBlockMixin, BFTParams, LayerRun, _fp32, _record, register_variant
 from bftrec.layers.precision import (
     ffn_jacobian_diag,
     gather_head_rows,
     gather_rows,
     kalman_precision,
-    kriging_bias,
     layernorm_precision,
     log_mean_precision,
-    observe_precision,
     output_precision,
     predict_precision,
     prior_statistic,
@@ -106,44 +103,12 @@ class BFTBERT4RecBlock(BFTBlockMixin, BERT4RecBlock):
         valid = masks.valid  # (B, T)
         rows = valid_rows(valid) if run.rows is None else run.rows  # (n,)
         B, T, D = h.shape
-        H = self.attn.n_heads
-        d = D // H
         dev = h.device.type
-        s0sq = self.s0sq.detach().float().clone().view(H, d)  # value before this forward; (D,) -> (H, d)
         stats: dict = {}
         _record(run.probe, "lam", lam)
 
-        # ---- observe: kriging attention, bidirectional padding mask (BFT.md §1)
-        q, k, v = self.attn.heads(h)  # (B, H, T, d) each; post-LN: attention reads h itself
-        v = v.contiguous()
-        logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
-        allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T)
-        ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T)
-        with _fp32(dev):
-            logits = logits.float()
-            if learned:
-                logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
-            alpha = masked_softmax(logits, allowed)  # (B, H, T, T) float32
-            a_p, v_p, w_o = alpha, v.float(), self.attn.out.weight.float()
-            if detach:
-                a_p, v_p, w_o = a_p.detach(), v_p.detach(), w_o.detach()
-            setter = None
-            if run.calibrate:
-                def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-                    self.set_prior(total, count)
-                    return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
-            m_u, lam_obs, a2, prior = observe_precision(
-                a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
-                want_prior=self.training and not run.calibrate, set_prior=setter)  # lam_obs (n, D)
-            if prior is not None and not run.calibrate:
-                stats["prior"] = prior
-        _record(run.probe, "lam_obs", lam_obs)
-        if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
-            m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
-        else:
-            m = m_u
-        o = self.attn.out(m.transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D)
-        del m, m_u, alpha
+        # ---- observe: kriging attention, bidirectional padding mask (BFT.md §1); post-LN reads h itself
+        o, lam_obs, ok, a2 = self.kriging_observe(h, lam, masks, run, rows, stats)
 
         # ---- update: Kalman update inside LN1, then the post-LN rule (BFT.md §2)
         with _fp32(dev):
