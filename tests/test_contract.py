@@ -53,13 +53,7 @@ NO_GRAD_OK = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors run ~10x faster on one intra-op thread than on two contended ones; restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one torch thread for the whole suite: tests/conftest.py
 
 
 # ----------------------------------------------------------------------------------------------
