@@ -66,6 +66,10 @@ class RunConfig:
     cache_dir: Optional[str] = None   # processed-array cache; null = $BFTREC_CACHE_DIR or ~/.cache/bftrec
     out_root: str = "results/runs"    # run dirs go to <out_root>/<dataset>/<model>/<layer>/seed<k>_<time>
     log_level: str = "INFO"
+    skip_finished: bool = False       # grids: a run dir with metrics.json of the same config is skipped,
+    #                                   one with only last.pt is resumed (bftrec.grid)
+    tuned_config: str = ""            # set by configs/tuned/<dataset>_<model>.yaml to its own stem
+    require_tuned: bool = False       # grids: refuse a cell whose configs/tuned/<dataset>_<model>.yaml is missing
 
 
 _ROOT_GROUPS = ("dataset", "model", "layer", "trainer", "eval")

@@ -28,6 +28,7 @@ from bftrec.config import ConfigError, EvalConfig, TrainerConfig, merge_schema, 
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
 from bftrec.evaluation import check_eval_config, rank_users
+from bftrec.grid import append_ledger, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
@@ -74,15 +75,19 @@ def protocol_block(ev: EvalConfig, repeat_share: float, select_metric: str) -> d
     }
 
 
+def git(*args: str) -> str:
+    """Output of a git command run in the package's checkout ('' when git or the checkout is absent)."""
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def env_info(device: torch.device, started: float) -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  cwd=Path(__file__).parent).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
     return {
-        "git_sha": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),  # tracked code edited
         "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
         "platform": platform.platform(), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
@@ -109,12 +114,13 @@ def build(g: dict, device: torch.device) -> tuple:
     return data, counts, g["model_cls"](g["model"], g["layer"], info).to(device)
 
 
-def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
+def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] = None) -> dict:
     """Train and evaluate one configuration; return the metrics dict (also written to metrics.json).
 
     Args:
         cfg: the composed config (``configs/train.yaml``).
         out_dir: run directory; default ``<out_root>/<dataset>/<model>/<layer>/seed<k>_<time>``.
+        report: if given, receives ``status`` (ran, resumed or skipped; see ``bftrec.grid``).
     Raises:
         ConfigError: an unknown key or impossible setting (one line).
     """
@@ -129,6 +135,15 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: one process per device
         device, out_dir = init_distributed(device, Path(out_dir))
     out_dir = Path(out_dir)
+    check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    status, stored = prepare_cell(out_dir, resolved, root.skip_finished)
+    if report is not None:
+        report["status"] = status
+    if status == "skipped":
+        return stored
+    if status == "resumed" and not tc.resume:
+        tc.resume = str(out_dir)
     if is_main():
         out_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
@@ -143,7 +158,6 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None) -> dict:
     log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
              n_params, data.n_users, data.n_items, device)
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     result = fit(model, data, tc, ev, out_dir, device, mc.max_len, root.seed,
                  extra_state={"config": resolved})
     if torch.distributed.is_initialized():
@@ -221,10 +235,39 @@ def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: f
 @hydra.main(version_base="1.3", config_path=None, config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
-    with one_line_errors("bftrec-train"):
-        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    if hc.mode != RunMode.MULTIRUN:
+        with one_line_errors("bftrec-train"):
+            run(cfg, out_dir)
+        return
+    # Grid cell: one ledger line per cell says what ran where (bftrec.grid).
+    report: dict = {"status": "failed"}
+    started = datetime.now()
+    try:
+        with one_line_errors("bftrec-train"):
+            run(cfg, out_dir, report)
+    finally:
+        sweep = Path(hc.sweep.dir).resolve()
+        cell = out_dir.resolve()
+        append_ledger(sweep / "ledger.jsonl", {
+            "cell": str(cell.relative_to(sweep)) if cell.is_relative_to(sweep) else str(cell),
+            "status": report["status"], "started": started.isoformat(timespec="seconds"),
+            "wall_s": round((datetime.now() - started).total_seconds(), 1),
+            "device": _device_name(cfg.trainer.get("device", "auto")),
+            "git_sha": git("rev-parse", "HEAD")[:10], "overrides": list(hc.overrides.task)})
+
+
+def _device_name(device: str) -> str:
+    """Human name of the device a run used (``trainer.device``), for the grid ledger."""
+    try:
+        dev = resolve_device(device)
+    except (ConfigError, RuntimeError, ValueError):
+        return str(device)
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
 
 
 @contextmanager
