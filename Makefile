@@ -11,7 +11,8 @@ ifneq ($(wildcard ../shared/data),)
 export BFTREC_DATA_ROOT ?= $(abspath ../shared/data)
 endif
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench paper clean
+GRID ?= cpu
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -26,6 +27,14 @@ run: setup
 
 test: setup
 	$(BIN)/pytest -q $(ARGS)
+
+# Reproduce the paper: the grid configs/experiment/paper/$(GRID).yaml (cpu: 72 runs on 2 cores;
+# main: the 108-run paper grid, for a GPU), then its tables and figures under results/paper_$(GRID)/.
+# Rerunning skips finished cells and resumes killed ones; ARGS picks a slice (ARGS="dataset=office").
+paper: setup
+	$(BIN)/bftrec-train -m experiment=paper/$(GRID) $(ARGS)
+	$(BIN)/python scripts/make_tables.py --runs results/paper_$(GRID)/runs --grid configs/experiment/paper/$(GRID).yaml --out results/paper_$(GRID)/tables $(TABLE_ARGS)
+	$(BIN)/python scripts/make_figures.py --runs results/paper_$(GRID)/runs --out results/paper_$(GRID)/figures
 
 lint: setup
 	$(BIN)/ruff check bftrec tests scripts

@@ -62,3 +62,35 @@ def test_paired_test_averages_users_over_seeds(runs):
 def test_empty_folder_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.json"):
         _make_tables().load_runs(tmp_path)
+
+
+def test_grid_cells_are_the_sweep_product():
+    mt = _make_tables()
+    cells = mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
+    assert len(cells) == 72 and ("office", "hstu", "", "bft", 2) in cells
+    assert len(mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "main.yaml")) == 108
+
+
+def test_partial_folder_names_missing_cells(runs, tmp_path):
+    mt = _make_tables()
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("hydra:\n  sweeper:\n    params:\n      dataset: synthetic\n      model: sasrec,hstu\n"
+                    "      layer: standard,bft\n      seed: 0,1\n")
+    args = ["--runs", str(runs / "runs"), "--grid", str(grid), "--out", str(tmp_path / "t")]
+    with pytest.raises(SystemExit, match="synthetic/hstu/bft: seeds 0, 1; synthetic/hstu/standard: seeds 0, 1"):
+        mt.main(args)
+    assert not (tmp_path / "t").exists()  # no misleading table
+    mt.main(args + ["--allow-partial"])
+    assert "PARTIAL: 2 cell groups missing" in (tmp_path / "t" / "overall.md").read_text()
+
+
+def test_missing_seed_and_duplicate_run_are_found_without_grid(runs):
+    mt = _make_tables()
+    loaded = mt.load_runs(runs / "runs")
+    assert mt.missing_cells(loaded) == []
+    drop = [r for r in loaded if not (r["layer"] == "bft" and r["seed"] == 1)]
+    assert mt.missing_cells(drop) == ["synthetic/sasrec/bft: seeds 1"]
+    no_std = [r for r in loaded if r["layer"] == "bft"]
+    assert mt.missing_cells(no_std) == ["synthetic/sasrec/standard: seeds 0, 1"]
+    with pytest.raises(SystemExit, match="more than one run"):
+        mt.missing_cells(loaded + loaded[:1])

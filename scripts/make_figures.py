@@ -1,0 +1,212 @@
+"""Figures from run directories: reads only ``metrics.json`` and ``history.csv``, never logs.
+
+    python scripts/make_figures.py --runs results/office_sasrec/runs --out results/office_sasrec/figures
+
+Runs are found and grouped as in ``make_tables.py`` (cells of (dataset, model, tag, layer); a tagged BFT
+cell is compared with the standard cell of the same tag, else the tag-less one). Writes PNGs whose bytes
+do not change on a rerun:
+
+- ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of BFT over the standard layer in
+  test HR@10 / NDCG@10 — (mean_bft - mean_std) / mean_std over seeds — per stratum (item-frequency bins
+  Q0.. of the test target, cold and warm users); one panel per dataset, one bar group per backbone.
+- ``k_by_bin.png``: mean Kalman gain K of the BFT runs per stratum, mean ± std over seeds.
+- ``training_curves.png``: validation NDCG@10 per epoch, one panel per (dataset, model); thick line =
+  mean over seeds on the epochs every seed of the layer reached, faint lines = single seeds.
+
+A figure with nothing to plot (e.g. no BFT runs) is skipped, and the log says which and why.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+_spec = importlib.util.spec_from_file_location("make_tables", Path(__file__).with_name("make_tables.py"))
+make_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_tables)
+
+log = logging.getLogger("make_figures")
+DPI = 120
+PANEL = (5.0, 3.6)  # inches per subplot
+CURVE_COL = "valid_NDCG@10"
+
+
+def strata(run: dict, section: str) -> list[tuple[str, dict]]:
+    """(name, entry) per stratum of ``run[section]``: item-frequency bins, then cold and warm users."""
+    s = run[section]
+    return [(b["bin"], b) for b in s["by_item_freq"]] + [("cold", s["cold_users"]), ("warm", s["warm_users"])]
+
+
+def stats(rs: list[dict], section: str, key: str) -> dict[str, tuple[float, float]]:
+    """Per stratum: (mean, std over seeds) of ``key``; NaN where a run has no value."""
+    vals: dict[str, list[float]] = {}
+    for r in rs:
+        for name, entry in strata(r, section):
+            v = entry.get(key)
+            vals.setdefault(name, []).append(np.nan if v is None else float(v))
+    return {n: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) for n, v in vals.items()}
+
+
+def tick_labels(run: dict) -> list[str]:
+    """Stratum names with their ranges: target-item training count for Q bins, history length for users."""
+    labels = [f"{b['bin']}\n{b['lo']}-{b['hi']}" for b in run["test"]["by_item_freq"]]
+    cold = run["test"]["cold_users"].get("max_history")
+    return labels + ([f"cold\n≤{cold}", f"warm\n>{cold}"] if cold is not None else ["cold", "warm"])
+
+
+def name(model: str, tag: str, layer: str | None = None) -> str:
+    return model + (f" ({layer})" if layer not in (None, "bft") else "") + (f" [{tag}]" if tag else "")
+
+
+def palette(labels) -> dict[str, str]:
+    return {lab: f"C{i % 10}" for i, lab in enumerate(sorted(set(labels)))}
+
+
+def grid(n: int) -> tuple[Figure, list]:
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(PANEL[0] * ncols, PANEL[1] * nrows), dpi=DPI, layout="constrained")
+    axes = list(fig.subplots(nrows, ncols, squeeze=False).ravel())
+    for ax in axes[n:]:
+        fig.delaxes(ax)
+    return fig, axes[:n]
+
+
+def strata_axis(ax, ticks: list[str]) -> None:
+    ax.set_xticks(range(len(ticks)), ticks, fontsize=8)
+    ax.axvline(len(ticks) - 2.5, color="grey", ls=":", lw=0.8)  # item bins | user groups
+    ax.grid(axis="y", alpha=0.3)
+
+
+def legend(ax, n: int, below: bool = True) -> None:
+    """Below the strata ticks (bars fill the panel), inside for curves; to the right for many series."""
+    if n > 4:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif below:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=min(n, 2), frameon=False)
+    else:
+        ax.legend(fontsize=8)
+
+
+def save(fig: Figure, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
+    log.info("wrote %s", path)
+
+
+def gain_figure(groups: dict, metric: str, path: Path) -> None:
+    panels: dict[str, list] = {}
+    for key, rs in sorted(groups.items()):
+        ds, model, tag, layer = key
+        base = make_tables.baseline(groups, key) if layer != "standard" else None
+        if base:
+            b, s = stats(rs, "test", metric), stats(base, "test", metric)
+            g = {n: 100 * (b[n][0] - s[n][0]) / s[n][0] if s[n][0] else np.nan for n in b}
+            panels.setdefault(ds, []).append((name(model, tag, layer), g, rs[0], f"{len(rs)} vs {len(base)} seeds"))
+    if not panels:
+        log.info("skipped %s: no (dataset, model) with both standard and bft runs", path.name)
+        return
+    colors = palette(series[0] for ss in panels.values() for series in ss)
+    fig, axes = grid(len(panels))
+    for ax, (ds, series) in zip(axes, panels.items()):
+        names = list(series[0][1])
+        width = 0.8 / len(series)
+        for i, (lab, g, _, seeds) in enumerate(series):
+            x = np.arange(len(names)) + (i - (len(series) - 1) / 2) * width
+            ax.bar(x, [g.get(n, np.nan) for n in names], width, label=f"{lab} ({seeds})", color=colors[lab])
+        ax.axhline(0, color="black", lw=0.8)
+        strata_axis(ax, tick_labels(series[0][2]))
+        ax.set_title(ds)
+        ax.set_ylabel(f"BFT gain in {metric} (%)")
+        legend(ax, len(series))
+    save(fig, path)
+
+
+def k_figure(groups: dict, path: Path) -> None:
+    panels: dict[str, list] = {}
+    for (ds, model, tag, layer), rs in sorted(groups.items()):
+        rs = [r for r in rs if "mechanism" in r]
+        if rs:
+            panels.setdefault(ds, []).append((f"{name(model, tag, layer)} ({len(rs)} seeds)",
+                                              stats(rs, "mechanism", "K"), rs[0]))
+    if not panels:
+        log.info("skipped %s: no bft runs with a mechanism section", path.name)
+        return
+    colors = palette(lab for series in panels.values() for lab, _, _ in series)
+    fig, axes = grid(len(panels))
+    for ax, (ds, series) in zip(axes, panels.items()):
+        for lab, st, _ in series:
+            mean, std = zip(*st.values())
+            ax.errorbar(range(len(st)), mean, yerr=std, ls="none", marker="o", ms=4, capsize=3, label=lab,
+                        color=colors[lab])
+            ax.plot(range(len(st) - 2), mean[:-2], color=colors[lab])  # connect the item bins only
+        strata_axis(ax, tick_labels(series[0][2]))
+        ax.set_title(ds)
+        ax.set_ylabel("mean Kalman gain K")
+        legend(ax, len(series))
+    save(fig, path)
+
+
+def history(run: dict) -> pd.Series | None:
+    p = run["_ranks"].with_name("history.csv")
+    if not p.exists():
+        log.info("no history.csv in %s", p.parent)
+        return None
+    h = pd.read_csv(p)
+    if CURVE_COL not in h:
+        return None
+    return h.drop_duplicates("epoch", keep="last").set_index("epoch")[CURVE_COL]
+
+
+def curves_figure(groups: dict, path: Path) -> None:
+    panels: dict[tuple, list] = {}
+    standard_first = lambda kv: (kv[0][:3], kv[0][3] != "standard", kv[0][3])  # noqa: E731
+    for (ds, model, tag, layer), rs in sorted(groups.items(), key=standard_first):
+        hs = [h for r in sorted(rs, key=lambda r: r["seed"]) if (h := history(r)) is not None]
+        if hs:
+            panels.setdefault((ds, model), []).append((layer + (f" [{tag}]" if tag else ""), hs))
+    if not panels:
+        log.info("skipped %s: no run has a history.csv with %s", path.name, CURVE_COL)
+        return
+    fig, axes = grid(len(panels))
+    for ax, ((ds, model), series) in zip(axes, panels.items()):
+        for i, (lab, hs) in enumerate(series):
+            for h in hs:
+                ax.plot(h.index, h.to_numpy(), color=f"C{i % 10}", lw=0.7, alpha=0.3)
+            mean = pd.concat(hs, axis=1, join="inner").mean(axis=1)
+            ax.plot(mean.index, mean.to_numpy(), color=f"C{i % 10}", lw=1.8, label=f"{lab} ({len(hs)} seeds)")
+        ax.set_title(f"{ds} / {model}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("valid NDCG@10")
+        ax.grid(alpha=0.3)
+        legend(ax, len(series), below=False)
+    save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    try:
+        runs = make_tables.load_runs(args.runs)
+    except SystemExit:
+        raise SystemExit(f"make_figures: no metrics.json under {args.runs}; run the experiment first") from None
+    for r in runs:
+        r["tag"] = r.get("tag") or ""  # older runs wrote tag: null
+    groups = make_tables.cells(runs)
+    gain_figure(groups, "HR@10", args.out / "gain_by_bin.png")
+    gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png")
+    k_figure(groups, args.out / "k_by_bin.png")
+    curves_figure(groups, args.out / "training_curves.png")
+
+
+if __name__ == "__main__":
+    main()
