@@ -90,13 +90,13 @@ def env_info(device: torch.device, started: float) -> dict:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),  # tracked code edited
         "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
         "platform": platform.platform(), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(), "started": datetime.fromtimestamp(started).isoformat(),
         "wall_seconds": round(time.time() - started, 2), "argv": sys.argv,
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
@@ -267,7 +267,7 @@ def _device_name(device: str) -> str:
         dev = resolve_device(device)
     except (ConfigError, RuntimeError, ValueError):
         return str(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
 
 
 @contextmanager

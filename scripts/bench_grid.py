@@ -10,8 +10,8 @@ Two parts:
 - **live**: the slice (default: the grid's first dataset, seed 0, all backbones and layers) is run
   through the real grid command (``bftrec-train -m experiment=paper/<grid>``, Hydra multirun with the
   joblib launcher) for a fixed number of epochs, once per ``--n-jobs`` value, into a temporary folder.
-  Reported: wall time, summed per-run epoch seconds (history.csv), and the parallel speedup over the
-  first ``--n-jobs`` value. Ratios come from one invocation on one machine.
+  Reported: wall time, summed per-run training and validation seconds (history.csv), and the
+  parallel speedup over the first ``--n-jobs`` value. Ratios come from one invocation on one machine.
 - **finished** (``--finished <runs folder>``): the actual cost of a finished grid from its
   ``ledger.jsonl`` and ``history.csv`` files: cells, epochs, summed run time and wall time from the
   first start to the last end, per device.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +31,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 import yaml
+
+from bftrec.train import cpu_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +60,8 @@ def live(grid: str, slice_: list[str], n_jobs: int, epochs: int, extra: list[str
             raise SystemExit(f"bench_grid: the slice failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
         hist = [pd.read_csv(h) for h in sorted(Path(tmp).rglob("history.csv"))]
     return {"n_jobs": n_jobs, "runs": len(hist), "epochs_per_run": epochs, "wall_s": round(wall, 2),
-            "sum_epoch_s": round(float(sum(h["seconds"].sum() for h in hist)), 2)}
+            "sum_train_s": round(float(sum(h["train_seconds"].sum() for h in hist)), 2),
+            "sum_eval_s": round(float(sum(h["eval_seconds"].fillna(0).sum() for h in hist)), 2)}
 
 
 def finished(runs: Path) -> dict:
@@ -105,8 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "grid": args.grid, "grid_cells": cells,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu",
-        "cpu_count": __import__("os").cpu_count(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name(),
+        "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "live": {"slice": slice_, "extra": args.extra, "runs": lives},
         "finished": finished(args.finished) if args.finished else None,
     }

@@ -37,7 +37,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -55,20 +54,13 @@ from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
 from bftrec.layers.bft import BFTLayerConfig, BFTParams, BFTSASRecBlock, LayerRun  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
+from bftrec.train import cpu_name  # noqa: E402
 
 SPORTS_ITEMS = 18357
 LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout": 0.2}
 E2E = {"n_items": SPORTS_ITEMS, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256, "max_len": 50,
        "batch": 256, "dropout": 0.2}
 VARIANTS = ("standard", "bft", "bft_detach")
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "cpu"
 
 
 def _sync(device: torch.device) -> None:
@@ -297,7 +289,7 @@ def main() -> None:
     result = {
         "command": "python " + " ".join(sys.argv),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "note": args.note,
         "load_average_start": os.getloadavg() if hasattr(os, "getloadavg") else None,

@@ -25,7 +25,7 @@ def test_finished_grid_cost_from_ledger(tmp_path):
                                  "device": "cpu x2", "host": "h"}))
         if epochs:
             (tmp_path / cell).mkdir(parents=True)
-            hist = "epoch,seconds\n" + "".join(f"{e},1.0\n" for e in range(epochs))
+            hist = "epoch,train_seconds,eval_seconds\n" + "".join(f"{e},1.0,0.1\n" for e in range(epochs))
             (tmp_path / cell / "history.csv").write_text(hist)
     (tmp_path / "ledger.jsonl").write_text("\n".join(lines) + "\n")
     out = _bench().finished(tmp_path)
