@@ -1,24 +1,30 @@
 """Resumable experiment grids on top of Hydra multirun (no scheduler of our own).
 
 A grid (``configs/experiment/paper/*.yaml``) gives every cell a fixed run directory
-``<out_root>/<dataset>/<model>/<layer>/seed<k>`` and sets ``skip_finished=true``. Launching the grid,
-or any slice of it (``dataset=office model=sasrec``), then
+``<out_root>/runs/<dataset>/<model>/<layer>/seed<k>`` and sets ``skip_finished=true``. Launching the
+grid, or any slice of it (``dataset=office model=sasrec``), then
 
 - skips a cell whose directory holds ``metrics.json`` written with the same config;
 - resumes a cell that holds only ``last.pt`` (a run killed mid-training) from its last epoch;
-- refuses, in one line, a directory written with a different config (nothing is overwritten);
-- appends one line per cell to ``<sweep dir>/ledger.jsonl``: status (ran, resumed, skipped, failed),
-  host, device, start and end time, commit and the job's overrides, i.e. which slice ran where.
+- refuses, in one line, a directory written with a different config: its results are never
+  overwritten (Hydra still refreshes the cell's ``.hydra/`` record and appends to ``train.log``);
+- refuses a cell that another live job holds (an OS lock, released when a job dies), so two sweep
+  jobs mapped to one directory, or overlapping slices, cannot mix their files;
+- appends one line per launched cell to ``<sweep dir>/ledger.jsonl``: status (ran, resumed, skipped,
+  failed, interrupted), host, device, start, duration, commit and the job's overrides, i.e. which
+  slice ran where. A failed cell does not stop the other cells; Hydra reports it at the end.
 
 Hydra itself rejects an unknown dataset, model or layer name before any cell starts and lists the
 valid names; ``require_tuned=true`` additionally refuses a cell without ``configs/tuned/<d>_<m>.yaml``.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import socket
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -31,8 +37,33 @@ log = logging.getLogger("bftrec")
 
 # Keys that do not change what a cell computes: where files live, logging, threads, progress bars,
 # the device and the scoring chunk size (metrics do not depend on it).
-VOLATILE = {"data_root", "cache_dir", "out_root", "log_level", "skip_finished", "trainer.num_threads",
-            "trainer.progress", "trainer.device", "trainer.resume", "eval.batch_size"}
+# (trainer.device is volatile: a cell may be resumed on other hardware; env.json records each device.)
+VOLATILE = {"data_root", "cache_dir", "out_root", "log_level", "skip_finished", "require_tuned",
+            "trainer.num_threads", "trainer.progress", "trainer.device", "trainer.resume", "eval.batch_size"}
+AXES = ("dataset", "model", "layer", "seed")  # the axes of every paper grid
+
+
+def sweep_axes(path: Path) -> dict[str, list[str]]:
+    """The values each axis of a grid config sweeps (``hydra.sweeper.params``, Hydra's sweep syntax:
+    ``a,b``, ``range(0,3)``, ``choice(a,b)``).
+
+    Raises:
+        SystemExit: the file sweeps none of dataset, model, layer, seed (one line, names the file).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    params = ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    absent = [k for k in AXES if k not in params]
+    if absent:
+        raise SystemExit(f"{path} sweeps no {', '.join(absent)} in hydra.sweeper.params; "
+                         "pass a grid config such as configs/experiment/paper/cpu.yaml")
+    parser = OverridesParser.create()
+    out = {}
+    for key, value in params.items():
+        o = parser.parse_overrides([f"{key}={value}"])[0]
+        out[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+    return out
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -53,18 +84,19 @@ def config_diff(saved: dict, current: dict) -> list[str]:
 
 
 def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool) -> tuple[str, Optional[dict]]:
-    """Decide what to do with a run directory before anything is written to it.
+    """Decide what to do with a run directory before any result is written to it.
 
     Args:
-        out_dir: the cell's run directory.
+        out_dir: the cell's run directory (Hydra has already written its ``.hydra/`` record there).
         resolved: the resolved run config (``OmegaConf.to_container(cfg, resolve=True)``).
         skip_finished: the root key ``skip_finished``.
     Returns:
         ``("skipped", metrics)`` for a finished cell of the same config; ``("resumed", None)`` for an
         unfinished one (the caller sets ``trainer.resume`` to ``out_dir``); ``("ran", None)`` otherwise.
     Raises:
-        ConfigError: the directory holds a run of another config, or a finished run while
-            ``skip_finished`` is false (one line; nothing is overwritten).
+        ConfigError: the directory holds a run of another config, a finished run while
+            ``skip_finished`` is false, or an unreadable config.yaml or metrics.json (one line; no
+            result is overwritten).
     """
     metrics, last, saved = out_dir / "metrics.json", out_dir / "last.pt", out_dir / "config.yaml"
     if not (metrics.exists() or last.exists()):
@@ -73,15 +105,58 @@ def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool) -> tuple[st
         raise ConfigError(f"{out_dir} already holds a run; pass skip_finished=true to skip or resume it, "
                           "or choose another out_root")
     if saved.exists():
-        diff = config_diff(yaml.safe_load(saved.read_text()) or {}, resolved)
+        diff = config_diff(_read(saved, yaml.safe_load) or {}, resolved)
         if diff:
             raise ConfigError(f"{out_dir} holds a run of another config (differs at {', '.join(diff[:5])}); "
                               "choose another out_root or move that run away")
     if metrics.exists():
         log.info("finished cell, skipped: %s", out_dir)
-        return "skipped", json.loads(metrics.read_text())
+        return "skipped", _read(metrics, json.loads)
     log.info("unfinished cell, resuming from %s", last)
     return "resumed", None
+
+
+@contextmanager
+def atomic(path: Path):
+    """Yield a temporary sibling of ``path``; on success it replaces ``path`` in one step, so a job
+    killed mid-write never leaves a torn file (``os.replace`` is atomic on POSIX)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _read(path: Path, parse):
+    try:
+        return parse(path.read_text())
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path} is unreadable (a torn write?: {str(e).splitlines()[0]}); "
+                          "delete it to rerun the cell") from None
+
+
+@contextmanager
+def cell_lock(out_dir: Path):
+    """Hold an exclusive OS lock on ``out_dir/.lock`` while a cell runs (released if the job dies).
+
+    Raises:
+        ConfigError: another live job holds the cell (two sweep jobs map to one directory: sweep only
+            over the grid axes, or give each variant its own out_root).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{out_dir} is being run by another job right now; two jobs of one sweep map to "
+                              "this cell (sweep only over the grid axes dataset, model, layer, seed) or "
+                              "overlapping slices run at once") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check_tuned(tuned_config: str, dataset: str, model: str, require: bool) -> None:

@@ -14,7 +14,7 @@ import platform
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -28,7 +28,7 @@ from bftrec.config import ConfigError, EvalConfig, TrainerConfig, merge_schema, 
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
 from bftrec.evaluation import check_eval_config, rank_users
-from bftrec.grid import append_ledger, check_tuned, prepare_cell
+from bftrec.grid import append_ledger, atomic, cell_lock, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
@@ -84,10 +84,15 @@ def git(*args: str) -> str:
         return ""
 
 
+# The checkout as this process imported it (not as it is when a long run ends): commit, and whether
+# tracked files differed from it. Untracked files such as results do not count.
+CODE_STATE = {"git_sha": git("rev-parse", "HEAD"),
+              "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def env_info(device: torch.device, started: float) -> dict:
     return {
-        "git_sha": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),  # tracked code edited
+        **CODE_STATE,
         "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
         "platform": platform.platform(), "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
@@ -120,9 +125,11 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     Args:
         cfg: the composed config (``configs/train.yaml``).
         out_dir: run directory; default ``<out_root>/<dataset>/<model>/<layer>/seed<k>_<time>``.
-        report: if given, receives ``status`` (ran, resumed or skipped; see ``bftrec.grid``).
+        report: if given, receives ``status`` (ran, resumed or skipped; see ``bftrec.grid``) once the
+            run has finished.
     Raises:
-        ConfigError: an unknown key or impossible setting (one line).
+        ConfigError: an unknown key or impossible setting; with ``skip_finished``, a directory of
+            another config or one held by a live job (one line).
     """
     started = time.time()
     g = typed_groups(cfg)
@@ -137,17 +144,26 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     out_dir = Path(out_dir)
     check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    status, stored = prepare_cell(out_dir, resolved, root.skip_finished)
+    with cell_lock(out_dir) if root.skip_finished and is_main() else nullcontext():
+        status, stored = prepare_cell(out_dir, resolved, root.skip_finished)
+        if status == "skipped":
+            metrics = stored
+        else:
+            if status == "resumed" and not tc.resume:
+                tc.resume = str(out_dir)
+            if is_main():
+                out_dir.mkdir(parents=True, exist_ok=True)
+                OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+                log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+            metrics = train_and_test(g, out_dir, device, resolved, started)
     if report is not None:
-        report["status"] = status
-    if status == "skipped":
-        return stored
-    if status == "resumed" and not tc.resume:
-        tc.resume = str(out_dir)
-    if is_main():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-        log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+        report["status"] = status  # only once the cell is done: a crash stays "failed"
+    return metrics
+
+
+def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict, started: float) -> dict:
+    """The body of ``run``: build, fit to early stopping, score the test split at the best checkpoint."""
+    root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
     seed_everything(root.seed, tc.deterministic)
@@ -163,6 +179,10 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # rank 0 has written the best checkpoint
     best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    if best.get("epoch") != result.best_epoch:
+        raise ConfigError(f"{out_dir / 'checkpoint.pt'} holds epoch {best.get('epoch')}, not the best epoch "
+                          f"{result.best_epoch} (a job killed between two saves?); delete the run directory "
+                          "to rerun it")
     model.load_state_dict(best["model"])
     metrics = evaluate_test(model, data, counts, ev, device, mc.max_len)
     if "mechanism" in metrics and result.initial_gain is not None:
@@ -171,6 +191,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             "initial_K_per_layer": result.initial_gain,  # after calibration, before the first step
             "final_K_per_layer": mean_gain(model, result.first_batch)}  # at the best checkpoint
     metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed, "tag": root.tag,
+               "tuned_config": root.tuned_config,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "layer_config": OmegaConf.to_container(OmegaConf.structured(lc)), "data": data.stats,
                "n_parameters": n_params,
@@ -223,11 +244,12 @@ def _repeat_share(data, table) -> float:
 
 def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: float) -> None:
     table = metrics.pop("ranks")
-    table.to_csv(out_dir / "ranks.csv.gz", index=False, compression="gzip")
-    with open(out_dir / "metrics.json", "w") as f:
-        json.dump(metrics, f, indent=2, sort_keys=False)
-    with open(out_dir / "env.json", "w") as f:
-        json.dump(env_info(device, started), f, indent=2)
+    with atomic(out_dir / "ranks.csv.gz") as tmp:
+        table.to_csv(tmp, index=False, compression="gzip")
+    with atomic(out_dir / "env.json") as tmp:
+        tmp.write_text(json.dumps(env_info(device, started), indent=2))
+    with atomic(out_dir / "metrics.json") as tmp:  # last: its presence marks a finished run
+        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=False))
     log.info("test HR@10 %.4f NDCG@10 %.4f -> %s", metrics["test"]["overall"]["HR@10"],
              metrics["test"]["overall"]["NDCG@10"], out_dir)
 
@@ -244,12 +266,19 @@ def _hydra_main(cfg: DictConfig) -> None:
         with one_line_errors("bftrec-train"):
             run(cfg, out_dir)
         return
-    # Grid cell: one ledger line per cell says what ran where (bftrec.grid).
+    # Grid cell: one ledger line per cell says what ran where (bftrec.grid). A failed cell raises a
+    # normal exception, so the launcher finishes the other cells and Hydra reports it at the end.
     report: dict = {"status": "failed"}
     started = datetime.now()
     try:
-        with one_line_errors("bftrec-train"):
-            run(cfg, out_dir, report)
+        run(cfg, out_dir, report)
+    except USER_ERRORS as e:
+        report["error"] = one_line(e)
+        log.error("cell %s failed: %s", out_dir, report["error"])
+        raise CellFailed(f"{out_dir}: {report['error']}") from None
+    except KeyboardInterrupt:
+        report["status"] = "interrupted"
+        raise
     finally:
         sweep = Path(hc.sweep.dir).resolve()
         cell = out_dir.resolve()
@@ -258,7 +287,8 @@ def _hydra_main(cfg: DictConfig) -> None:
             "status": report["status"], "started": started.isoformat(timespec="seconds"),
             "wall_s": round((datetime.now() - started).total_seconds(), 1),
             "device": _device_name(cfg.trainer.get("device", "auto")),
-            "git_sha": git("rev-parse", "HEAD")[:10], "overrides": list(hc.overrides.task)})
+            "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],
+            "overrides": list(hc.overrides.task), **({"error": report["error"]} if "error" in report else {})})
 
 
 def _device_name(device: str) -> str:
@@ -275,10 +305,20 @@ def one_line_errors(prog: str):
     """Turn user-facing errors (bad config, missing file, bad data) into one line on stderr, exit 2."""
     try:
         yield
-    except (ConfigError, KeyError, FileNotFoundError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"{prog}: error: {msg}", file=sys.stderr)
+    except USER_ERRORS as e:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
+
+
+USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError)
+
+
+class CellFailed(RuntimeError):
+    """A grid cell stopped on a user-facing error (its one-line message); the other cells go on."""
+
+
+def one_line(e: BaseException) -> str:
+    return e.args[0] if isinstance(e, KeyError) and e.args else str(e)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
 from bftrec.data.batches import train_windows, trim_left
 from bftrec.evaluation import rank_users
+from bftrec.grid import atomic
 from bftrec.layers import Stack
 from bftrec.metrics import summarize
 
@@ -193,7 +195,11 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         last = Path(cfg.resume) / "last.pt"
         if not last.exists():
             raise ConfigError(f"trainer.resume={cfg.resume}: no last.pt there; point it at a run directory")
-        ck = torch.load(last, map_location=device, weights_only=False)
+        try:
+            ck = torch.load(last, map_location=device, weights_only=False)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise ConfigError(f"{last} is unreadable ({str(e).splitlines()[0]}); delete it to restart the run "
+                              "from epoch 1") from None
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         state = ck["state"]
@@ -208,8 +214,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         state["initial_gain"] = mean_gain(model, first)
 
     steps = cfg.max_steps_per_epoch or None
-    stopped = False
-    for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
+    stopped = state["bad"] >= cfg.patience  # a resumed run that had already stopped early stays stopped
+    last_epoch = state["epoch"] if stopped else cfg.epochs
+    for epoch in range(state["epoch"] + 1, last_epoch + 1):
         t0 = time.time()
         model.train()
         batches = epoch_batches(lengths, cfg.batch_size, gen, rank, world, cfg.length_bucketing)
@@ -246,19 +253,20 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             if score > state["best"]:
                 state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)
                 if is_main():
-                    torch.save({"model": model.state_dict(), "epoch": epoch, **(extra_state or {})},
-                               out_dir / "checkpoint.pt")
+                    with atomic(out_dir / "checkpoint.pt") as tmp:
+                        torch.save({"model": model.state_dict(), "epoch": epoch, **(extra_state or {})}, tmp)
             else:
                 state["bad"] += 1
             log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],
                      cfg.select_metric, score, state["best"], state["best_epoch"], time.time() - t0)
         state["history"].append(row)
         state["epoch"] = epoch
-        if is_main():
-            pd.DataFrame(state["history"]).to_csv(out_dir / "history.csv", index=False)
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                        "generator": gen.get_state(), "torch_rng": torch.get_rng_state()},
-                       out_dir / "last.pt")
+        if is_main():  # atomic writes: a job killed mid-save leaves the previous file intact
+            with atomic(out_dir / "history.csv") as tmp:
+                pd.DataFrame(state["history"]).to_csv(tmp, index=False)
+            with atomic(out_dir / "last.pt") as tmp:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                            "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
         if state["bad"] >= cfg.patience:
             log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
                      cfg.select_metric, cfg.patience)

@@ -2,7 +2,8 @@
 
     python scripts/make_figures.py --runs results/office_sasrec/runs --out results/office_sasrec/figures
 
-Runs are found and grouped as in ``make_tables.py`` (cells of (dataset, model, tag, layer); a tagged BFT
+Runs are found, checked (missing cells, duplicates, comparability; ``--grid``, ``--allow-partial``)
+and grouped as in ``make_tables.py`` (cells of (dataset, model, tag, layer); a tagged BFT
 cell is compared with the standard cell of the same tag, else the tag-less one). Writes PNGs whose bytes
 do not change on a rerun:
 
@@ -161,7 +162,8 @@ def history(run: dict) -> pd.Series | None:
     h = pd.read_csv(p)
     if CURVE_COL not in h:
         return None
-    return h.drop_duplicates("epoch", keep="last").set_index("epoch")[CURVE_COL]
+    # epochs without validation (trainer.eval_every > 1) have no value: drop them, do not break the line
+    return h.drop_duplicates("epoch", keep="last").set_index("epoch")[CURVE_COL].dropna()
 
 
 def curves_figure(groups: dict, path: Path) -> None:
@@ -180,7 +182,8 @@ def curves_figure(groups: dict, path: Path) -> None:
             for h in hs:
                 ax.plot(h.index, h.to_numpy(), color=f"C{i % 10}", lw=0.7, alpha=0.3)
             mean = pd.concat(hs, axis=1, join="inner").mean(axis=1)
-            ax.plot(mean.index, mean.to_numpy(), color=f"C{i % 10}", lw=1.8, label=f"{lab} ({len(hs)} seeds)")
+            ax.plot(mean.index, mean.to_numpy(), color=f"C{i % 10}", lw=1.8, label=f"{lab} ({len(hs)} seeds)",
+                    marker="." if len(mean) < 3 else None)  # a one-epoch curve is still visible
         ax.set_title(f"{ds} / {model}")
         ax.set_xlabel("epoch")
         ax.set_ylabel("valid NDCG@10")
@@ -193,14 +196,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
+    ap.add_argument("--grid", type=Path, help="grid config whose cells are expected (configs/experiment/paper/*.yaml)")
+    ap.add_argument("--allow-partial", action="store_true", help="draw despite missing cells")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
-        runs = make_tables.load_runs(args.runs)
-    except SystemExit:
-        raise SystemExit(f"make_figures: no metrics.json under {args.runs}; run the experiment first") from None
-    for r in runs:
-        r["tag"] = r.get("tag") or ""  # older runs wrote tag: null
+        runs, missing, _ = make_tables.select_runs(args.runs, args.grid, args.allow_partial, prog="make_figures")
+    except SystemExit as e:
+        raise SystemExit(str(e).replace("make_tables:", "make_figures:")) from None
+    if missing:
+        log.warning("partial: %d cell groups missing (%s)", len(missing), "; ".join(missing))
     groups = make_tables.cells(runs)
     gain_figure(groups, "HR@10", args.out / "gain_by_bin.png")
     gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png")

@@ -8,11 +8,13 @@ Missing cells are never papered over: with ``--grid`` the expected cells are the
 ``hydra.sweeper.params`` (dataset x model x layer x seed); without it, every (dataset, model, tag,
 layer) found is expected for every seed found, and an untagged BFT cell expects its standard twin.
 A missing cell stops the script with the list (``--allow-partial`` writes the tables anyway and
-names the missing cells in every header); two runs of one cell are always an error.
+names the missing cells in every header). Runs outside ``--grid`` are left out and named in the header.
+Always an error: two runs of one cell, and runs compared with each other (seeds of a cell, BFT and its
+standard twin) whose protocol or config differ beyond the layer, seed and tag.
 
 Writes ``overall``, ``strata`` and ``mechanism`` tables as markdown and csv. A cell groups runs by
 (dataset, model, tag, layer); values are mean ± std over seeds. BFT is compared with the standard
-layer of the same (dataset, model, tag-less) cell: relative gain of the means, and a paired test
+layer of the same (dataset, model) and tag, else the untagged one: relative gain of the means, and a paired test
 over users — each user's metric is first averaged over seeds (seeds never count as extra users),
 then a Wilcoxon signed-rank test (scipy) on the per-user differences. Every table starts with a
 header: protocol, commit, hardware and date of the runs.
@@ -30,8 +32,9 @@ import pandas as pd
 import yaml
 from scipy.stats import wilcoxon
 
+from bftrec.grid import AXES, config_diff, sweep_axes
+
 METRICS = ("HR@10", "NDCG@10")
-AXES = ("dataset", "model", "layer", "seed")
 
 
 def load_runs(root: Path) -> list[dict]:
@@ -45,6 +48,7 @@ def load_runs(root: Path) -> list[dict]:
         m["_env"] = json.loads(env.read_text()) if env.exists() else {}
         m["_ranks"] = mpath.parent / "ranks.csv.gz"
         m["_dir"] = mpath.parent
+        m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
         runs.append(m)
     if not runs:
         raise SystemExit(f"make_tables: no metrics.json under {root}; run the experiment first")
@@ -53,14 +57,11 @@ def load_runs(root: Path) -> list[dict]:
 
 def grid_cells(path: Path) -> set:
     """(dataset, model, tag "", layer, seed) of every cell a grid config sweeps (``hydra.sweeper.params``)."""
-    cfg = yaml.safe_load(path.read_text()) or {}
-    params = ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    absent = [k for k in AXES if k not in params]
-    if absent:
-        raise SystemExit(f"make_tables: {path} sweeps no {', '.join(absent)} in hydra.sweeper.params; "
-                         "pass a grid config such as configs/experiment/paper/cpu.yaml")
-    axes = [[v.strip() for v in str(params[k]).split(",")] for k in AXES]
-    return {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*axes)}
+    try:
+        axes = sweep_axes(path)
+    except SystemExit as e:
+        raise SystemExit(f"make_tables: {e}") from None
+    return {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*(axes[k] for k in AXES))}
 
 
 def missing_cells(runs: list[dict], expected: set | None = None) -> list[str]:
@@ -72,9 +73,9 @@ def missing_cells(runs: list[dict], expected: set | None = None) -> list[str]:
     found: dict = {}
     for r in runs:
         found.setdefault((r["dataset"], r["model"], r.get("tag", ""), r["layer"], r["seed"]), []).append(r["_dir"])
-    dups = [f"{'/'.join(map(str, k))}: {', '.join(map(str, v))}" for k, v in found.items() if len(v) > 1]
+    dups = [f"{cell_name(*k[:4])} seed {k[4]}: {', '.join(map(str, v))}" for k, v in found.items() if len(v) > 1]
     if dups:
-        raise SystemExit(f"make_tables: {len(dups)} cells have more than one run; keep one each: {'; '.join(dups)}")
+        raise SystemExit(f"make_tables: {len(dups)} cell(s) with more than one run; keep one each: {'; '.join(dups)}")
     if expected is None:
         seeds = {k[4] for k in found}
         groups = {k[:4] for k in found} | {(d, m, "", "standard") for d, m, t, layer, _ in found
@@ -82,8 +83,60 @@ def missing_cells(runs: list[dict], expected: set | None = None) -> list[str]:
         expected = {g + (s,) for g in groups for s in seeds}
     by_group: dict = {}
     for d, m, t, layer, s in sorted(expected - set(found)):
-        by_group.setdefault("/".join(x for x in (d, m, t, layer) if x), []).append(str(s))
+        by_group.setdefault(cell_name(d, m, t, layer), []).append(str(s))
     return [f"{g}: seeds {', '.join(s)}" for g, s in by_group.items()]
+
+
+def cell_name(dataset: str, model: str, tag: str, layer: str) -> str:
+    return "/".join(x for x in (dataset, model, tag, layer) if x)
+
+
+def _config(run: dict) -> dict:
+    path = run["_dir"] / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def check_comparable(groups: dict) -> None:
+    """Refuse to compare runs whose protocol or config differ beyond layer.*, seed and tag (one line).
+
+    Compared are the seeds of a cell and a BFT cell with its standard baseline (``baseline``).
+    """
+    allowed = ("layer.", "seed", "tag", "tuned_config")
+    for key, rs in groups.items():
+        base = baseline(groups, key) if key[3] != "standard" else None
+        pool = rs + (base or [])
+        ref, ref_cfg = pool[0], _config(pool[0])
+        ref_proto = {k: v for k, v in ref["protocol"].items() if k != "repeat_target_share"}
+        for r in pool[1:]:
+            proto = {k: v for k, v in r["protocol"].items() if k != "repeat_target_share"}
+            diff = [k for k in sorted(set(proto) | set(ref_proto)) if proto.get(k) != ref_proto.get(k)]
+            diff += [k for k in config_diff(ref_cfg, _config(r)) if not k.startswith(allowed)]
+            if diff:
+                raise SystemExit(f"make_tables: {ref['_dir']} and {r['_dir']} are compared in one table but differ "
+                                 f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
+
+
+def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = "make_tables") -> tuple:
+    """Runs of ``root`` ready for tables or figures: (runs, missing cell lines, ignored run folders).
+
+    With ``grid``, runs outside it are left out (and returned as ignored). Raises SystemExit on
+    missing cells unless ``allow_partial``, on duplicate runs and on runs that are not comparable.
+    """
+    runs = load_runs(root)
+    ignored = []
+    if grid is not None:
+        cells_ = grid_cells(grid)
+        ignored = [str(r["_dir"]) for r in runs
+                   if (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]) not in cells_]
+        runs = [r for r in runs if str(r["_dir"]) not in ignored]
+        if not runs:
+            raise SystemExit(f"{prog}: no run under {root} belongs to the grid {grid}")
+    missing = missing_cells(runs, grid_cells(grid) if grid else None)
+    if missing and not allow_partial:
+        raise SystemExit(f"{prog}: cells missing under {root}: {'; '.join(missing)}. Finish them (a grid "
+                         "rerun skips finished cells) or pass --allow-partial")
+    check_comparable(cells(runs))
+    return runs, missing, ignored
 
 
 def per_user(run: dict, metric: str) -> pd.Series:
@@ -121,20 +174,29 @@ def gain(bft: list, std: list) -> str:
     return f"{100 * (b - s) / s:+.1f}%" if s else "–"
 
 
-def header(runs: list[dict], missing: list[str]) -> str:
-    p = runs[0]["protocol"]
+def header(runs: list[dict], missing: list[str], ignored: list[str] = ()) -> str:
     shas = sorted({r["_env"].get("git_sha", "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
                    for r in runs})
     hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
                  f"{r['_env'].get('threads', '?')} threads)" for r in runs})
     dates = sorted(r["_env"].get("started", "?")[:10] for r in runs)
-    return "\n".join([
-        f"- protocol: {p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']} "
-        f"(repeat target: {p['repeat_target']}); ties: {p['ties']}; selection: {p['epoch_selection']}",
-        f"- commit(s): {', '.join(shas)}; hardware: {'; '.join(hw)}; run dates: {dates[0]} .. {dates[-1]}",
-        f"- runs: {len(runs)}; generated by `python {' '.join(sys.argv)}` from metrics.json and ranks.csv.gz only",
-    ] + ([f"- **PARTIAL: {len(missing)} cell groups missing** ({'; '.join(missing)}); "
-          "means, gains and p-values use the seeds present"] if missing else []))
+    protocols: dict = {}
+    for r in runs:
+        p = r["protocol"]
+        text = (f"{p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']} "
+                f"(repeat target: {p['repeat_target']}); ties: {p['ties']}; selection: {p['epoch_selection']}")
+        protocols.setdefault(text, set()).add(r["dataset"])
+    lines = [f"- protocol: {t}" + (f" [{', '.join(sorted(d))}]" if len(protocols) > 1 else "")
+             for t, d in protocols.items()]
+    lines += [f"- commit(s): {', '.join(shas)}; hardware: {'; '.join(hw)}; run dates: {dates[0]} .. {dates[-1]}",
+              f"- runs: {len(runs)}; generated by `python {' '.join(sys.argv)}` "
+              "from metrics.json and ranks.csv.gz only"]
+    if missing:
+        lines.append(f"- **PARTIAL: {len(missing)} cell groups missing** ({'; '.join(missing)}); "
+                     "means, gains and p-values use the seeds present")
+    if ignored:
+        lines.append(f"- left out: {len(ignored)} runs outside the grid ({'; '.join(ignored)})")
+    return "\n".join(lines)
 
 
 def cells(runs: list[dict]) -> dict:
@@ -241,13 +303,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--allow-partial", action="store_true",
                     help="write tables despite missing cells (named in the header)")
     args = ap.parse_args(argv)
-    runs = load_runs(args.runs)
-    missing = missing_cells(runs, grid_cells(args.grid) if args.grid else None)
-    if missing and not args.allow_partial:
-        raise SystemExit(f"make_tables: cells missing under {args.runs}: {'; '.join(missing)}. Finish them (a grid "
-                         "rerun skips finished cells) or pass --allow-partial")
+    runs, missing, ignored = select_runs(args.runs, args.grid, args.allow_partial)
     groups = cells(runs)
-    head = header(runs, missing)
+    head = header(runs, missing, ignored)
     write(overall_table(groups), args.out, "overall", "Overall test metrics (mean ± std over seeds)", head)
     write(strata_table(groups), args.out, "strata", "Test metrics by stratum (mean ± std over seeds)", head)
     mech = mechanism_table(groups)

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError
-from bftrec.grid import append_ledger, check_tuned, config_diff, prepare_cell
+from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prepare_cell
 from bftrec.train import CONFIG_DIR, run, typed_groups
 from tests.test_train_e2e import smoke_cfg
 
@@ -113,7 +113,55 @@ def test_grid_writes_ledger_through_hydra_multirun(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     cell = tmp_path / "runs" / "synthetic" / "sasrec" / "standard" / "seed0"
-    assert (cell / "metrics.json").exists()
+    assert json.loads((cell / "metrics.json").read_text())["tuned_config"] == "synthetic_sasrec"
     ledger = [json.loads(x) for x in (tmp_path / "runs" / "ledger.jsonl").read_text().splitlines()]
     assert [(x["cell"], x["status"]) for x in ledger] == [("synthetic/sasrec/standard/seed0", "ran")]
     assert "dataset=synthetic" in ledger[0]["overrides"] and ledger[0]["git_sha"] is not None
+
+
+def test_failed_cell_does_not_stop_the_grid(tmp_path):
+    """bert4rec has no tuned file for synthetic: that cell fails (ledger says why), sasrec still runs."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
+         "debug=smoke", "dataset=synthetic", "model=bert4rec,sasrec", "layer=standard", "seed=0",
+         f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "hydra.launcher.n_jobs=1"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0  # the failure is reported at the end
+    assert (tmp_path / "runs" / "synthetic" / "sasrec" / "standard" / "seed0" / "metrics.json").exists()
+    ledger = {x["cell"]: x for x in map(json.loads, (tmp_path / "runs" / "ledger.jsonl").read_text().splitlines())}
+    assert ledger["synthetic/sasrec/standard/seed0"]["status"] == "ran"
+    failed = ledger["synthetic/bert4rec/standard/seed0"]
+    assert failed["status"] == "failed" and "synthetic_bert4rec.yaml was not applied" in failed["error"]
+
+
+def test_a_cell_held_by_a_live_job_is_refused(tmp_path):
+    with cell_lock(tmp_path / "cell"):
+        with pytest.raises(ConfigError, match="being run by another job"):
+            with cell_lock(tmp_path / "cell"):
+                pass
+    with cell_lock(tmp_path / "cell"):  # released after the first job ends
+        pass
+
+
+def test_resumed_run_that_stopped_early_stays_stopped(tmp_path):
+    cfg = smoke_cfg(tmp_path, "skip_finished=true", "trainer.epochs=40", "trainer.patience=1")
+    cell = tmp_path / "cell"
+    first = run(cfg, cell)
+    assert first["stopped_early"]
+    for name in ("metrics.json", "ranks.csv.gz", "env.json"):  # killed during the test pass
+        (cell / name).unlink()
+    again = run(cfg, cell)
+    assert again["epochs_run"] == first["epochs_run"] and again["test"] == first["test"]
+
+
+def test_torn_files_name_the_file_and_the_fix(tmp_path):
+    cfg = smoke_cfg(tmp_path, "skip_finished=true")
+    cell = tmp_path / "cell"
+    run(cfg, cell)
+    (cell / "metrics.json").write_text('{"dataset": ')
+    with pytest.raises(ConfigError, match=r"metrics.json is unreadable .*delete it to rerun the cell"):
+        run(cfg, cell)
+    (cell / "metrics.json").unlink()
+    (cell / "last.pt").write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(ConfigError, match=r"last.pt is unreadable .*delete it to restart"):
+        run(cfg, cell)

@@ -25,6 +25,7 @@ def _fake_run(d: Path, layer: str, seed: int, epochs: int = 4) -> None:
     bins = [{"bin": f"Q{i}", "lo": 3 * i, "hi": 3 * i + 2, "n_users": 10, "HR@10": 0.05 * (i + 1) + up,
              "NDCG@10": 0.02 * (i + 1) + up} for i in range(3)]
     m = {"dataset": "toy", "model": "sasrec", "layer": layer, "seed": seed, "tag": "",
+         "protocol": {"split": "leave-one-out", "candidates": "all items"},
          "test": {"by_item_freq": bins, "cold_users": {"max_history": 4, "n_users": 12, **strat},
                   "warm_users": {"n_users": 18, **strat}}}
     if layer == "bft":

@@ -94,3 +94,26 @@ def test_missing_seed_and_duplicate_run_are_found_without_grid(runs):
     assert mt.missing_cells(no_std) == ["synthetic/sasrec/standard: seeds 0, 1"]
     with pytest.raises(SystemExit, match="more than one run"):
         mt.missing_cells(loaded + loaded[:1])
+
+
+def test_runs_of_another_protocol_are_not_compared(runs, tmp_path):
+    import shutil
+
+    mt = _make_tables()
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    m = tmp_path / "runs" / "bft" / "seed1" / "metrics.json"
+    d = json.loads(m.read_text())
+    d["protocol"]["candidates"] = "target + 20 sampled negatives"
+    m.write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match="differ at candidates"):
+        mt.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+
+
+def test_runs_outside_the_grid_are_left_out_and_named(runs, tmp_path):
+    mt = _make_tables()
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("hydra:\n  sweeper:\n    params:\n      dataset: synthetic\n      model: sasrec\n"
+                    "      layer: standard,bft\n      seed: range(0,1)\n")
+    mt.main(["--runs", str(runs / "runs"), "--grid", str(grid), "--out", str(tmp_path / "t")])
+    overall = (tmp_path / "t" / "overall.md").read_text()
+    assert "left out: 2 runs outside the grid" in overall and "runs: 2;" in overall
