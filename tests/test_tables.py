@@ -38,6 +38,8 @@ def test_tables_written_with_header_gain_and_p(runs):
         assert name in strata
     mech = (runs / "tables" / "mechanism.md").read_text()
     assert "mean K" in mech and "layer 0" in mech
+    summary = (runs / "tables" / "summary.csv").read_text().splitlines()
+    assert len(summary) == 2 and "Q0 HR@10 gain (p)" in summary[0] and "K Q0 / Q4" in summary[0]
 
 
 def test_seed_mean_matches_metrics_json(runs):
