@@ -29,14 +29,16 @@ test: setup
 	$(BIN)/pytest -q $(ARGS)
 
 # Reproduce the paper: the grid configs/experiment/paper/$(GRID).yaml (cpu: 72 runs on 2 cores;
-# main: the 108-run paper grid, for a GPU), then its tables and figures under results/paper_$(GRID)/.
+# main: the 108-run paper grid, for a GPU), then its tables and figures under $(OUT)/.
 # Rerunning skips finished cells and resumes killed ones; ARGS picks a slice (ARGS="dataset=office"),
-# whose tables and figures are then marked PARTIAL (--allow-partial) until the whole grid is done.
+# whose tables are then marked PARTIAL (--allow-partial; the figures log it) until the grid is done.
+# Trial runs with other settings (ARGS="trainer.epochs=2") belong in another folder: OUT=/tmp/trial.
+OUT ?= results/paper_$(GRID)
 PAPER_CHECK = --grid configs/experiment/paper/$(GRID).yaml $(if $(ARGS),--allow-partial)
 paper: setup
-	$(BIN)/bftrec-train -m experiment=paper/$(GRID) $(ARGS)
-	$(BIN)/python scripts/make_tables.py --runs results/paper_$(GRID)/runs $(PAPER_CHECK) --out results/paper_$(GRID)/tables
-	$(BIN)/python scripts/make_figures.py --runs results/paper_$(GRID)/runs $(PAPER_CHECK) --out results/paper_$(GRID)/figures
+	$(BIN)/bftrec-train -m experiment=paper/$(GRID) out_root=$(OUT) $(ARGS)
+	$(BIN)/python scripts/make_tables.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/tables
+	$(BIN)/python scripts/make_figures.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/figures
 
 lint: setup
 	$(BIN)/ruff check bftrec tests scripts

@@ -30,21 +30,24 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import yaml
 
+from bftrec.grid import sweep_axes
 from bftrec.train import cpu_name
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def grid_axes(grid: str) -> dict:
-    """The sweep axes of ``configs/experiment/paper/<grid>.yaml``."""
-    path = REPO / "configs" / "experiment" / "paper" / f"{grid}.yaml"
+def grid_axes(grid: str) -> tuple[str, dict]:
+    """(name, sweep axes) of a grid given by name (``cpu``) or path (``configs/experiment/paper/cpu.yaml``)."""
+    name = Path(grid).stem
+    path = REPO / "configs" / "experiment" / "paper" / f"{name}.yaml"
     if not path.exists():
         names = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise SystemExit(f"bench_grid: no grid {grid!r}; choose one of {', '.join(names)}")
-    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
-    return {k: str(v).split(",") for k, v in params.items()}
+    try:
+        return name, sweep_axes(path)
+    except SystemExit as e:
+        raise SystemExit(f"bench_grid: {e}") from None
 
 
 def live(grid: str, slice_: list[str], n_jobs: int, epochs: int, extra: list[str]) -> dict:
@@ -88,7 +91,8 @@ def finished(runs: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", default="cpu", help="configs/experiment/paper/<grid>.yaml")
+    ap.add_argument("--grid", default="cpu", help="grid name (cpu, main) or its configs/experiment/paper/*.yaml")
+    ap.add_argument("--skip-live", action="store_true", help="only the --finished summary, no live runs")
     ap.add_argument("--slice", nargs="*", default=None,
                     help="overrides choosing the cells (default: first dataset, seed 0)")
     ap.add_argument("--n-jobs", default="1,2", help="comma-separated parallel run counts to compare")
@@ -97,9 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--finished", type=Path, help="runs folder of a finished grid (its ledger.jsonl)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = ap.parse_args(argv)
-    axes = grid_axes(args.grid)
+    name, axes = grid_axes(args.grid)
     slice_ = args.slice if args.slice is not None else [f"dataset={axes['dataset'][0]}", "seed=0"]
-    lives = [live(args.grid, slice_, int(j), args.epochs, args.extra) for j in args.n_jobs.split(",")]
+    lives = [] if args.skip_live else [live(name, slice_, int(j), args.epochs, args.extra)
+                                       for j in args.n_jobs.split(",")]
     for r in lives:
         r["speedup_vs_first"] = round(lives[0]["wall_s"] / r["wall_s"], 2)
     cells = 1
@@ -107,10 +112,10 @@ def main(argv: list[str] | None = None) -> None:
         cells *= len(v)
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.now().isoformat(timespec="seconds"), "grid": args.grid, "grid_cells": cells,
+        "date": datetime.now().isoformat(timespec="seconds"), "grid": name, "grid_cells": cells,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
-        "live": {"slice": slice_, "extra": args.extra, "runs": lives},
+        "live": {"slice": slice_, "extra": args.extra, "runs": lives} if lives else None,
         "finished": finished(args.finished) if args.finished else None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Figures from run directories: reads only ``metrics.json`` and ``history.csv``, never logs.
+"""Figures from run directories: values come only from ``metrics.json`` and ``history.csv``, never logs.
 
     python scripts/make_figures.py --runs results/office_sasrec/runs --out results/office_sasrec/figures
 

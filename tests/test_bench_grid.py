@@ -35,6 +35,9 @@ def test_finished_grid_cost_from_ledger(tmp_path):
     assert out["_statuses"] == {"ran": 1, "resumed": 1, "skipped": 1}
 
 
-def test_unknown_grid_lists_the_grids():
+def test_grid_by_name_or_path_and_unknown_grid_lists_the_grids():
+    bench = _bench()
+    name, axes = bench.grid_axes("configs/experiment/paper/cpu.yaml")
+    assert name == "cpu" and axes["seed"] == ["0", "1", "2"] and bench.grid_axes("main")[0] == "main"
     with pytest.raises(SystemExit, match="choose one of cpu, main"):
-        _bench().grid_axes("nosuch")
+        bench.grid_axes("nosuch")

@@ -119,3 +119,17 @@ def test_runs_outside_the_grid_are_left_out_and_named(runs, tmp_path):
     mt.main(["--runs", str(runs / "runs"), "--grid", str(grid), "--out", str(tmp_path / "t")])
     overall = (tmp_path / "t" / "overall.md").read_text()
     assert "left out: 2 runs outside the grid" in overall and "runs: 2;" in overall
+
+
+def test_header_names_overrides_beyond_the_grid_axes(runs, tmp_path):
+    import shutil
+
+    mt = _make_tables()
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    hydra = tmp_path / "runs" / "bft" / "seed0" / ".hydra"
+    hydra.mkdir()
+    (hydra / "overrides.yaml").write_text("- layer=bft\n- seed=0\n- trainer.num_threads=1\n- trainer.epochs=2\n")
+    mt.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+    head = (tmp_path / "t" / "overall.md").read_text().split("\n\n")[1]
+    assert "overrides beyond dataset, model, layer, seed: trainer.epochs=2 (1 runs)" in head
+    assert "num_threads" not in head
