@@ -1,18 +1,13 @@
 """scripts/bench_grid.py: the finished-grid summary reads the ledger and history files correctly."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.scripts import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_grid", REPO / "scripts" / "bench_grid.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_grid")
 
 
 def test_finished_grid_cost_from_ledger(tmp_path):

@@ -1,21 +1,18 @@
 """scripts/make_figures.py draws from metrics.json and history.csv only, deterministically, and skips
 figures it has nothing for. Fake run directories, no training."""
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.scripts import load_script
+
 FIGS = ("gain_by_bin.png", "gain_by_bin_ndcg.png", "k_by_bin.png", "training_curves.png")
 
 
 def _make_figures():
-    spec = importlib.util.spec_from_file_location("make_figures", REPO / "scripts" / "make_figures.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("make_figures")
 
 
 def _fake_run(d: Path, layer: str, seed: int, epochs: int = 4) -> None:

@@ -1,21 +1,18 @@
 """scripts/make_tables.py reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from bftrec.train import run
+from tests.scripts import load_script
 from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _make_tables():
-    spec = importlib.util.spec_from_file_location("make_tables", REPO / "scripts" / "make_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("make_tables")
 
 
 @pytest.fixture(scope="module")
