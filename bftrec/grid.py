@@ -48,11 +48,17 @@ def sweep_axes(path: Path) -> dict[str, list[str]]:
     ``a,b``, ``range(0,3)``, ``choice(a,b)``).
 
     Raises:
-        SystemExit: the file sweeps none of dataset, model, layer, seed (one line, names the file).
+        SystemExit: the file is missing or unreadable, misses an axis (dataset, model, layer, seed) or
+            holds a sweep Hydra cannot parse (one line, names the file).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
-    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        cfg = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SystemExit(f"{path} is not a readable grid config ({str(e).splitlines()[0]}); "
+                         "pass one such as configs/experiment/paper/cpu.yaml") from None
     params = ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     absent = [k for k in AXES if k not in params]
     if absent:
@@ -61,7 +67,10 @@ def sweep_axes(path: Path) -> dict[str, list[str]]:
     parser = OverridesParser.create()
     out = {}
     for key, value in params.items():
-        o = parser.parse_overrides([f"{key}={value}"])[0]
+        try:
+            o = parser.parse_overrides([f"{key}={value}"])[0]
+        except HydraException as e:
+            raise SystemExit(f"{path}: cannot parse the sweep {key}={value} ({str(e).splitlines()[0]})") from None
         out[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
     return out
 

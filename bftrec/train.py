@@ -95,7 +95,7 @@ def env_info(device: torch.device, started: float) -> dict:
         **CODE_STATE,
         "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
         "platform": platform.platform(), "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device_name": device_name(device),
         "threads": torch.get_num_threads(), "started": datetime.fromtimestamp(started).isoformat(),
         "wall_seconds": round(time.time() - started, 2), "argv": sys.argv,
     }
@@ -286,18 +286,22 @@ def _hydra_main(cfg: DictConfig) -> None:
             "cell": str(cell.relative_to(sweep)) if cell.is_relative_to(sweep) else str(cell),
             "status": report["status"], "started": started.isoformat(timespec="seconds"),
             "wall_s": round((datetime.now() - started).total_seconds(), 1),
-            "device": _device_name(cfg.trainer.get("device", "auto")),
+            "device": _ledger_device(cfg.trainer.get("device", "auto")),
             "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],
             "overrides": list(hc.overrides.task), **({"error": report["error"]} if "error" in report else {})})
 
 
-def _device_name(device: str) -> str:
-    """Human name of the device a run used (``trainer.device``), for the grid ledger."""
+def device_name(device: torch.device) -> str:
+    """Human name of a device: the GPU's model, or the CPU's model and core count."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def _ledger_device(device: str) -> str:
+    """``device_name`` of ``trainer.device`` for the grid ledger (the raw value if it does not resolve)."""
     try:
-        dev = resolve_device(device)
+        return device_name(resolve_device(device))
     except (ConfigError, RuntimeError, ValueError):
         return str(device)
-    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
 
 
 @contextmanager

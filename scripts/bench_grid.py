@@ -32,7 +32,8 @@ import pandas as pd
 import torch
 
 from bftrec.grid import sweep_axes
-from bftrec.train import cpu_name
+from bftrec.train import device_name
+from bftrec.trainer import resolve_device
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "grid": name, "grid_cells": cells,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name(),
+        "device": device_name(resolve_device("auto")),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "live": {"slice": slice_, "extra": args.extra, "runs": lives} if lives else None,
         "finished": finished(args.finished) if args.finished else None,

@@ -54,7 +54,7 @@ from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
 from bftrec.layers.bft import BFTLayerConfig, BFTParams, BFTSASRecBlock, LayerRun  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
-from bftrec.train import cpu_name  # noqa: E402
+from bftrec.train import device_name  # noqa: E402
 
 SPORTS_ITEMS = 18357
 LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout": 0.2}
@@ -289,7 +289,7 @@ def main() -> None:
     result = {
         "command": "python " + " ".join(sys.argv),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device_name": device_name(device),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "note": args.note,
         "load_average_start": os.getloadavg() if hasattr(os, "getloadavg") else None,

@@ -24,6 +24,7 @@ header: protocol, commit, hardware and date of the runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -126,14 +127,14 @@ def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = 
     """
     runs = load_runs(root)
     ignored = []
-    if grid is not None:
-        cells_ = grid_cells(grid)
+    cells_ = grid_cells(grid) if grid is not None else None
+    if cells_ is not None:
         ignored = [str(r["_dir"]) for r in runs
                    if (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]) not in cells_]
         runs = [r for r in runs if str(r["_dir"]) not in ignored]
         if not runs:
             raise SystemExit(f"{prog}: no run under {root} belongs to the grid {grid}")
-    missing = missing_cells(runs, grid_cells(grid) if grid else None)
+    missing = missing_cells(runs, cells_)
     if missing and not allow_partial:
         raise SystemExit(f"{prog}: cells missing under {root}: {'; '.join(missing)}. Finish them (a grid "
                          "rerun skips finished cells) or pass --allow-partial")
@@ -141,9 +142,15 @@ def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = 
     return runs, missing, ignored
 
 
+@functools.cache
+def rank_table(path: Path) -> pd.DataFrame:
+    """A run's ranks.csv.gz, read once (every stratum, metric and comparison reuses it; do not mutate)."""
+    return pd.read_csv(path)
+
+
 def per_user(run: dict, metric: str) -> pd.Series:
     """Per-user 0/1 hit or NDCG at 10 from the run's rank table, indexed by user."""
-    r = pd.read_csv(run["_ranks"])
+    r = rank_table(run["_ranks"])
     k = int(metric.split("@")[1])
     val = (r["rank"] <= k).astype(float)
     if metric.startswith("NDCG"):
@@ -164,11 +171,11 @@ def paired_p(bft_runs: list[dict], std_runs: list[dict], metric: str, users=None
     return float(wilcoxon(a.to_numpy(), b.to_numpy()).pvalue)
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float], digits: int = 4) -> str:
     v = [x for x in values if x is not None]
     if not v:
         return "–"
-    return f"{np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}" if len(v) > 1 else f"{v[0]:.4f} (1 seed)"
+    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}" if len(v) > 1 else f"{v[0]:.{digits}f} (1 seed)"
 
 
 def gain(bft: list, std: list) -> str:
@@ -276,7 +283,7 @@ def strata_table(groups: dict) -> pd.DataFrame:
 
 
 def _stratum_users(run: dict, where) -> np.ndarray:
-    r = pd.read_csv(run["_ranks"])
+    r = rank_table(run["_ranks"])
     if isinstance(where, int):
         b = run["test"]["by_item_freq"][where]
         if b["lo"] is None:
@@ -303,10 +310,13 @@ def mechanism_table(groups: dict) -> pd.DataFrame:
                          "mean λ0": fmt([r["mechanism"][g]["lam0"] for r in rs])})
         for layer in rs[0]["mechanism"]["per_layer"]:
             i = layer["layer"]
+            init = [(r["mechanism"].get("gain_first_batch") or {}).get("initial_K_per_layer") for r in rs]
             rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "stratum": f"layer {i}",
                          "range": "all tokens",
                          "mean K": fmt([r["mechanism"]["per_layer"][i]["K"] for r in rs]),
-                         "mean λ0": ""})
+                         "mean λ0": "",
+                         # K before the first step, on the first training batch (metrics.json gain_first_batch)
+                         "K at init": fmt([k[i] if k else None for k in init], digits=5)})
     return pd.DataFrame(rows)
 
 

@@ -10,21 +10,24 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError
-from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prepare_cell
+from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prepare_cell, sweep_axes
 from bftrec.train import CONFIG_DIR, run, typed_groups
 from tests.test_train_e2e import smoke_cfg
 
 GRIDS = {"main": 108, "cpu": 72}
 
 
-def _sweep(grid: str) -> dict:
-    params = OmegaConf.load(Path(CONFIG_DIR) / "experiment" / "paper" / f"{grid}.yaml").hydra.sweeper.params
-    return {k: str(v).split(",") for k, v in params.items()}
+def _grid_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    """``bftrec-train -m experiment=paper/cpu <overrides>`` into tmp_path, one job at a time."""
+    return subprocess.run(
+        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
+         *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "hydra.launcher.n_jobs=1"],
+        capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("grid", sorted(GRIDS))
 def test_every_cell_composes_with_its_tuned_config(grid):
-    axes = _sweep(grid)
+    axes = sweep_axes(Path(CONFIG_DIR) / "experiment" / "paper" / f"{grid}.yaml")
     assert len(axes["dataset"]) * len(axes["model"]) * len(axes["layer"]) * len(axes["seed"]) == GRIDS[grid]
     assert sorted(axes["layer"]) == ["bft", "standard"] and axes["seed"] == ["0", "1", "2"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -96,21 +99,14 @@ def test_ledger_appends_one_json_line_per_cell(tmp_path):
 
 def test_unknown_grid_name_fails_before_any_run(tmp_path):
     """Hydra composes every cell of the sweep before launching: a bad name lists the valid ones."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
-         "dataset=office,nosuchdata", "model=sasrec", "layer=standard", "seed=0", f"out_root={tmp_path}",
-         "hydra.launcher.n_jobs=1"], capture_output=True, text=True, timeout=120)
+    out = _grid_cli(tmp_path, "dataset=office,nosuchdata", "model=sasrec", "layer=standard", "seed=0")
     assert out.returncode != 0
     assert "Could not find 'dataset/nosuchdata'" in out.stderr and "ml-100k" in out.stderr
     assert not (tmp_path / "runs" / "office").exists()  # the valid cell never started
 
 
 def test_grid_writes_ledger_through_hydra_multirun(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
-         "debug=smoke", "dataset=synthetic", "model=sasrec", "layer=standard", "seed=0",
-         f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "hydra.launcher.n_jobs=1"],
-        capture_output=True, text=True, timeout=300)
+    out = _grid_cli(tmp_path, "debug=smoke", "dataset=synthetic", "model=sasrec", "layer=standard", "seed=0")
     assert out.returncode == 0, out.stderr[-2000:]
     cell = tmp_path / "runs" / "synthetic" / "sasrec" / "standard" / "seed0"
     assert json.loads((cell / "metrics.json").read_text())["tuned_config"] == "synthetic_sasrec"
@@ -121,11 +117,8 @@ def test_grid_writes_ledger_through_hydra_multirun(tmp_path):
 
 def test_failed_cell_does_not_stop_the_grid(tmp_path):
     """bert4rec has no tuned file for synthetic: that cell fails (ledger says why), sasrec still runs."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
-         "debug=smoke", "dataset=synthetic", "model=bert4rec,sasrec", "layer=standard", "seed=0",
-         f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "hydra.launcher.n_jobs=1"],
-        capture_output=True, text=True, timeout=300)
+    out = _grid_cli(tmp_path, "debug=smoke", "dataset=synthetic", "model=bert4rec,sasrec", "layer=standard",
+                    "seed=0")
     assert out.returncode != 0  # the failure is reported at the end
     assert (tmp_path / "runs" / "synthetic" / "sasrec" / "standard" / "seed0" / "metrics.json").exists()
     ledger = {x["cell"]: x for x in map(json.loads, (tmp_path / "runs" / "ledger.jsonl").read_text().splitlines())}
@@ -165,3 +158,14 @@ def test_torn_files_name_the_file_and_the_fix(tmp_path):
     (cell / "last.pt").write_bytes(b"PK\x03\x04 torn")
     with pytest.raises(ConfigError, match=r"last.pt is unreadable .*delete it to restart"):
         run(cfg, cell)
+
+
+def test_bad_grid_config_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="is not a readable grid config"):
+        sweep_axes(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hydra:\n  sweeper:\n    params:\n      dataset: a\n      model: choice(a,\n"
+                   "      layer: x\n      seed: 0\n")
+    with pytest.raises(SystemExit, match=r"cannot parse the sweep model=choice\(a,"):
+        sweep_axes(bad)
+    assert sweep_axes(Path(CONFIG_DIR) / "experiment" / "paper" / "cpu.yaml")["seed"] == ["0", "1", "2"]

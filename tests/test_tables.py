@@ -130,3 +130,18 @@ def test_header_names_overrides_beyond_the_grid_axes(runs, tmp_path):
     head = (tmp_path / "t" / "overall.md").read_text().split("\n\n")[1]
     assert "overrides beyond dataset, model, layer, seed: trainer.epochs=2 (1 runs)" in head
     assert "num_threads" not in head
+
+
+def test_same_results_finds_identical_and_changed_cells(runs, tmp_path, capsys):
+    import shutil
+
+    same = load_script("same_results")
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    assert same.main([str(runs / "runs"), str(tmp_path / "runs")]) == 0
+    m = tmp_path / "runs" / "bft" / "seed1" / "metrics.json"
+    d = json.loads(m.read_text())
+    d["test"]["overall"]["HR@10"] += 0.01
+    m.write_text(json.dumps(d))
+    assert same.main([str(runs / "runs"), str(tmp_path / "runs")]) == 1
+    assert "synthetic/sasrec/bft/1: differs at test.overall.HR@10" in capsys.readouterr().out
+    assert same.main([str(runs / "runs"), str(runs / "runs" / "bft")]) == 0  # a subset matches too
