@@ -472,7 +472,9 @@ def test_detach_precision_grad():
     for m in (full, det):
         m.zero_grad()
         m.training_loss({"seq": seq}).backward()
-    assert torch.equal(full.encode(x), det.encode(x))  # the forward is the same
+    # the forward is the same value, reached by another code path (fused kriging moments vs attn @ v):
+    # equal to float32 rounding, never bit-for-bit (differs by 1 ulp on some CPUs)
+    torch.testing.assert_close(full.encode(x), det.encode(x), rtol=1e-5, atol=1e-6)
     assert det.stack.tau.tau.grad.abs().sum() > 0 and det.stack.blocks[0].theta_q.grad.abs().sum() > 0
     g_full, g_det = full.stack.blocks[0].attn.out.weight.grad, det.stack.blocks[0].attn.out.weight.grad
     assert not torch.allclose(g_full, g_det)  # the W_O ⊙ W_O path is cut

@@ -491,7 +491,9 @@ def test_detach_precision_grad(name):
     full_block = [p.grad for n, p in full.named_parameters() if ".blocks.0." in n and "theta_q" not in n]
     assert sum(float(g.abs().sum()) for g in full_block if g is not None) > 0  # default: λ depends on weights
     with torch.no_grad():
-        assert torch.equal(full.encode(x["item_seq"], x["time"]), det.encode(x["item_seq"], x["time"]))
+        # same forward value through another code path: equal to float32 rounding, not bit for bit
+        torch.testing.assert_close(full.encode(x["item_seq"], x["time"]), det.encode(x["item_seq"], x["time"]),
+                                   rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", BACKBONES)
