@@ -2,9 +2,24 @@
 
 Canonical frame (DESIGN.md "Data protocol"): columns ``user`` (str), ``item`` (str) and
 ``timestamp``, one row per interaction, in **file order** (the later stable sort uses the row order to
-break timestamp ties). ``timestamp`` is ``int64`` unix seconds when the source has times; when it has
-none, the column is a nullable ``Int64`` column that is entirely ``<NA>`` and the order of the rows is
-the order of the events.
+break timestamp ties). ``timestamp`` is ``int64`` **Unix seconds** when the source has times; when it
+has none, the column is a nullable ``Int64`` column that is entirely ``<NA>`` and the order of the rows
+is the order of the events.
+
+Timestamp units (``to_seconds``): files are expected in Unix seconds. Each value is classed by its
+magnitude: ``|t| < 1e11`` seconds (up to the year 5138), ``< 1e14`` milliseconds, ``< 1e17``
+microseconds, else nanoseconds (each from 1973-03-03 on; earlier sub-second values cannot be told from
+seconds). A file entirely in one sub-second unit is converted to seconds (floor division) with an info
+log naming the file; events of a user then falling in one second tie and keep the file order, so a
+conversion that would reorder a user's events is refused. A file mixing units is refused, naming a line
+in each unit.
+
+Header rows (``_refuse_header``): ``tsv`` may have one and ``amazon_csv``'s reviews layout and
+``ml_csv`` must; every other format has none, and a header-like first line there is refused, naming its
+line, instead of being read as a user or an interaction. A first line is header-like when its first
+field names a user column (``user``, ``user_id``, ``userId``, ``uid``, ``reviewerID``, also RecBole's
+``user_id:token``) or two of its fields name known columns, or when none of its fields is an integer
+while a column of the next 100 lines holds only integers.
 
 Every reader tolerates empty lines, trailing whitespace, tabs versus spaces (except inside CSV/JSON
 values) and string ids, and reads gzip files (detected by magic bytes) and zip archives holding one
@@ -23,6 +38,7 @@ import csv
 import gzip
 import io
 import json
+import logging
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +49,8 @@ import numpy as np
 import pandas as pd
 
 from bftrec.registry import Registry
+
+log = logging.getLogger(__name__)
 
 Reader = Callable[[Path], pd.DataFrame]
 READERS: Registry[Reader] = Registry("reader")
@@ -88,12 +106,60 @@ def _text(path: Path) -> str:
         raise DataFormatError(f"{path.name}:{lineno}: not UTF-8 text; expected a text file") from None
 
 
-def _frame(users: Sequence, items: Sequence, timestamps: Optional[np.ndarray]) -> pd.DataFrame:
+# (upper bound of |t|, unit, units per second); see the module docstring "Timestamp units"
+_UNITS = ((10**11, "seconds", 1), (10**14, "milliseconds", 10**3), (10**17, "microseconds", 10**6),
+          (None, "nanoseconds", 10**9))
+
+
+def to_seconds(path: Path, users: Sequence, ts: np.ndarray, lineno: Callable[[int], int]
+               ) -> np.ndarray:
+    """``(n,) int64`` timestamps of any one unit -> ``(n,) int64`` Unix seconds.
+
+    The unit of each value follows from its magnitude (module docstring "Timestamp units"); seconds
+    are returned as they are, one sub-second unit is floor-divided (info log naming the file).
+    ``lineno(k)`` is the 1-based file line of row ``k``. Raises ``DataFormatError`` when the file
+    mixes units (naming a line in each) or when the conversion would reorder a user's events.
+    """
+    unit = np.searchsorted(np.array([b for b, _, _ in _UNITS[:-1]]), np.abs(ts), side="right")
+    u0 = int(unit[0]) if len(unit) else 0
+    other = np.flatnonzero(unit != u0)
+    if len(other):
+        k = int(other[0])
+        a, b = (0, k) if u0 < unit[k] else (k, 0)
+        raise DataFormatError(
+            f"{path.name}: timestamps mix units: line {lineno(a)} has {ts[a]} ({_UNITS[unit[a]][1]}) "
+            f"and line {lineno(b)} has {ts[b]} ({_UNITS[unit[b]][1]}); expected Unix seconds "
+            "throughout: convert every timestamp of the file to Unix seconds")
+    if u0 == 0:
+        return ts
+    _, name, scale = _UNITS[u0]
+    sec = np.floor_divide(ts, scale)
+    codes = pd.factorize(np.asarray(users, dtype=object))[0]
+    rows = np.arange(len(ts))
+    true, kept = np.lexsort((rows, ts, codes)), np.lexsort((rows, sec, codes))  # per-user order
+    if not np.array_equal(true, kept):
+        k = int(np.flatnonzero(true != kept)[0])
+        first, second = sorted((lineno(int(true[k])), lineno(int(kept[k]))))
+        raise DataFormatError(
+            f"{path.name}: lines {first} and {second} (user {users[int(true[k])]!r}) fall in the same "
+            f"second once {name} are converted to Unix seconds, and a tie keeps the file order, "
+            f"which is not their time order; fix: sort the file by time, or convert it to seconds")
+    log.info("%s: timestamps are in %s; converted to Unix seconds (floor division by %d)", path,
+             name, scale)
+    return sec
+
+
+def _frame(users: Sequence, items: Sequence, timestamps: Optional[np.ndarray],
+           path: Optional[Path] = None, lineno: Optional[Callable[[int], int]] = None
+           ) -> pd.DataFrame:
+    """The canonical frame; ``timestamps`` (with ``path`` and ``lineno`` of ``to_seconds``) pass
+    through ``to_seconds``."""
     n = len(users)
     if timestamps is None:
         ts = pd.array(np.full(n, pd.NA), dtype="Int64")
     else:
-        ts = np.asarray(timestamps, dtype=np.int64)
+        assert path is not None and lineno is not None
+        ts = to_seconds(path, users, np.asarray(timestamps, dtype=np.int64), lineno)
     return pd.DataFrame(
         {
             "user": pd.array(users, dtype=str),
@@ -122,6 +188,42 @@ def _check_id_chars(path: Path, text: str, expected: str) -> None:
     if pos is not None:
         lineno = text.count("\n", 0, pos) + 1
         raise _fail(path, lineno, f"unexpected character {text[pos]!r}", _line(text, lineno), expected)
+
+
+_USER_COLS = ("user_id", "user", "userid", "reviewerid", "uid")
+_ITEM_COLS = ("item_id", "item", "itemid", "movieid", "asin", "iid", "business_id")
+_TIME_COLS = ("timestamp", "time", "unixreviewtime", "ts")
+_COLUMN_NAMES = frozenset(_USER_COLS + _ITEM_COLS + _TIME_COLS + (
+    "rating", "overall", "items", "item_list", "item_id_list", "sequence", "date"))
+_HEADER_SAMPLE = 100  # lines after the first that the integer test of _header_reason looks at
+
+
+def _colname(field: str) -> str:
+    return field.split(":")[0].strip().lower()  # RecBole's "user_id:token" too
+
+
+def _header_reason(fields: Sequence[str], later: Sequence[Sequence[str]]) -> Optional[str]:
+    """Why the first record ``fields`` looks like a header row, or ``None`` (module docstring
+    "Header rows"); ``later`` are the next records' fields."""
+    names = [_colname(f) for f in fields]
+    if names and (names[0] in _USER_COLS or sum(n in _COLUMN_NAMES for n in names) >= 2):
+        return "its fields name columns"
+    if later and not any(_INT.fullmatch(f.strip()) for f in fields):
+        for j in range(len(fields)):
+            col = [r[j] for r in later if len(r) > j]
+            if col and all(_INT.fullmatch(v.strip()) for v in col):
+                return f"no field is an integer, while column {j + 1} of the next lines is"
+    return None
+
+
+def _refuse_header(path: Path, lineno: int, line: str, fields: Sequence[str],
+                   later: Sequence[Sequence[str]], layout: str, fix: str = "") -> None:
+    """Raise ``DataFormatError`` when the first record (on ``lineno``) looks like a header row in
+    a ``layout`` that has none."""
+    reason = _header_reason(fields, later)
+    if reason:
+        raise DataFormatError(f"{path.name}:{lineno}: a header row ({reason}): {_snippet(line)}; "
+                              f"{layout} files have none: delete line {lineno}{fix}")
 
 
 _WS = np.zeros(256, dtype=bool)
@@ -166,6 +268,20 @@ class _Tokens:
             lineno = int(self.linenos[k])
             raise _fail(path, lineno, f"{self.counts[k]} fields", _line(text, lineno), expected)
 
+    def fields(self, k: int) -> list[str]:
+        """The fields of the ``k``-th non-empty line (0-based)."""
+        return list(self.array[int(self.starts[k]) : int(self.starts[k] + self.counts[k])])
+
+    def refuse_header(self, path: Path, text: str, layout: str, fix: str = "") -> None:
+        """``_refuse_header`` for the first non-empty line."""
+        later = [self.fields(k) for k in range(1, min(len(self.counts), _HEADER_SAMPLE + 1))]
+        lineno = int(self.linenos[0])
+        _refuse_header(path, lineno, _line(text, lineno), self.fields(0), later, layout, fix)
+
+    def lineno(self, skip: int = 0) -> Callable[[int], int]:
+        """Row ``k`` of ``table(n, skip)`` -> its 1-based file line."""
+        return lambda k: int(self.linenos[skip + k])
+
     def table(self, n: int, skip: int = 0) -> np.ndarray:
         """``(lines - skip, n)`` object array; call ``check_counts(n, n)`` first."""
         return self.array[int(self.starts[skip]) if skip else 0:].reshape(-1, n)
@@ -193,12 +309,14 @@ def read_s3rec(path: Path) -> pd.DataFrame:
     """S3-Rec sequence file (CIKM 2020): one line per user, ``user item item …``.
 
     No timestamps: the order in the line is the order of the events. A user id on two lines is an
-    error (the file would be in another format, e.g. SASRec's ``user item`` lines).
+    error (the file would be in another format, e.g. SASRec's ``user item`` lines). No header row:
+    a header-like first line is an error (module docstring "Header rows").
     """
     path, expected = Path(path), "'user item [item …]' per line, one line per user (s3rec)"
     text = _text(path)
     _check_id_chars(path, text, expected)
     tok = _Tokens(path, text)
+    tok.refuse_header(path, text, "s3rec")
     tok.check_counts(path, text, 2, None, expected)
     users = tok.array[tok.starts]
     dup = pd.Series(users).duplicated(keep="first").to_numpy()
@@ -215,23 +333,22 @@ def read_s3rec(path: Path) -> pd.DataFrame:
 
 @READERS.register("sasrec")
 def read_sasrec(path: Path) -> pd.DataFrame:
-    """SASRec interaction file (ICDM 2018): ``user item`` per line, chronological within a user."""
+    """SASRec interaction file (ICDM 2018): ``user item`` per line, chronological within a user.
+
+    No header row: a header-like first line is an error (module docstring "Header rows").
+    """
     path, expected = Path(path), "'user item' per line (sasrec)"
     text = _text(path)
     _check_id_chars(path, text, expected)
     tok = _Tokens(path, text)
+    tok.refuse_header(path, text, "sasrec")
     tok.check_counts(path, text, 2, 2, expected)
     t = tok.table(2)
     return _frame(t[:, 0], t[:, 1], None)
 
 
-_USER_COLS = ("user_id", "user", "userid", "reviewerid", "uid")
-_ITEM_COLS = ("item_id", "item", "itemid", "movieid", "asin", "iid", "business_id")
-_TIME_COLS = ("timestamp", "time", "unixreviewtime", "ts")
-
-
 def _pick(header: list[str], names: Iterable[str]) -> Optional[int]:
-    clean = [h.split(":")[0].strip().lower() for h in header]  # RecBole's "user_id:token" too
+    clean = [_colname(h) for h in header]
     return next((clean.index(n) for n in names if n in clean), None)
 
 
@@ -239,9 +356,11 @@ def _pick(header: list[str], names: Iterable[str]) -> Optional[int]:
 def read_tsv(path: Path) -> pd.DataFrame:
     """Tab (or whitespace) separated ``user item timestamp``, optional header, extra columns ignored.
 
-    A header row is recognised by a non-integer third field. With a header, columns are picked by
-    name: ``user_id``/``user``, ``item_id``/``item``, ``timestamp`` (RecBole ``name:type`` headers
-    work too); a header without a time column gives a frame without timestamps. Without a header the
+    The first line is a header row when its third field is not an integer (or it has fewer than three
+    fields); if it then does not look like a header (module docstring "Header rows"), it is a data row
+    whose timestamp is not an integer, an error. With a header, columns are picked by name:
+    ``user_id``/``user``, ``item_id``/``item``, ``timestamp`` (RecBole ``name:type`` headers work
+    too); a header without a time column gives a frame without timestamps. Without a header the
     first three columns are user, item, timestamp. Every row must have as many fields as the first.
     """
     path = Path(path)
@@ -259,9 +378,12 @@ def read_tsv(path: Path) -> pd.DataFrame:
                     _line(text, int(tok.linenos[0])),
                     "a header naming user_id, item_id and timestamp, or exactly 3 columns (or reader ml_udata)")
     if n < 3 or _INT.fullmatch(first[2]) is None:
+        lineno = int(tok.linenos[0])
+        later = [tok.fields(k) for k in range(1, min(len(tok.counts), _HEADER_SAMPLE + 1))]
+        if n >= 3 and _header_reason(first, later) is None:
+            raise _fail(path, lineno, "timestamp is not an integer", _line(text, lineno), expected)
         u, i, t = _pick(first, _USER_COLS), _pick(first, _ITEM_COLS), _pick(first, _TIME_COLS)
         if u is None or i is None:
-            lineno = int(tok.linenos[0])
             raise _fail(path, lineno, "neither a header with user and item columns nor 3+ fields",
                         _line(text, lineno), expected)
         cols, skip = (u, i, t), 1
@@ -272,19 +394,22 @@ def read_tsv(path: Path) -> pd.DataFrame:
     ts = None
     if cols[2] is not None:
         ts = _timestamps(path, text, table[:, cols[2]], tok.linenos[skip:], expected)
-    return _frame(table[:, cols[0]], table[:, cols[1]], ts)
+    return _frame(table[:, cols[0]], table[:, cols[1]], ts, path, tok.lineno(skip))
 
 
 @READERS.register("ml_udata")
 def read_ml_udata(path: Path) -> pd.DataFrame:
-    """MovieLens 100K ``u.data``: tab-separated ``user item rating timestamp``, no header."""
+    """MovieLens 100K ``u.data``: tab-separated ``user item rating timestamp``, no header row (a
+    header-like first line is an error; reader ``tsv`` takes a header)."""
     path, expected = Path(path), "'user<TAB>item<TAB>rating<TAB>timestamp' per line (ml_udata)"
     text = _text(path)
     _check_id_chars(path, text, expected)
     tok = _Tokens(path, text)
+    tok.refuse_header(path, text, "ml_udata", ", or use reader tsv (which takes a header)")
     tok.check_counts(path, text, 4, 4, expected)
     t = tok.table(4)
-    return _frame(t[:, 0], t[:, 1], _timestamps(path, text, t[:, 3], tok.linenos, expected))
+    return _frame(t[:, 0], t[:, 1], _timestamps(path, text, t[:, 3], tok.linenos, expected), path,
+                  tok.lineno())
 
 
 _EMPTY_FIELD = re.compile(r"^::|:::|::\r?$", flags=re.M)
@@ -294,7 +419,8 @@ _EMPTY_FIELD = re.compile(r"^::|:::|::\r?$", flags=re.M)
 def read_ml_dat(path: Path) -> pd.DataFrame:
     """MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp`` per line.
 
-    Fields are separated by ``::``; whitespace around a line or a field is ignored.
+    Fields are separated by ``::``; whitespace around a line or a field is ignored. No header row
+    (a header-like first line is an error).
     """
     path, expected = Path(path), "'user::item::rating::timestamp' per line (ml_dat)"
     text = _text(path)
@@ -312,9 +438,11 @@ def read_ml_dat(path: Path) -> pd.DataFrame:
         lineno = text.count("\n", 0, m.start()) + 1
         raise _fail(path, lineno, "empty field", _line(text, lineno), expected)
     tok = _Tokens(path, text.replace("::", "\t"))
+    tok.refuse_header(path, text, "ml_dat")
     tok.check_counts(path, text, 4, 4, expected)
     t = tok.table(4)
-    return _frame(t[:, 0], t[:, 1], _timestamps(path, text, t[:, 3], tok.linenos, expected))
+    return _frame(t[:, 0], t[:, 1], _timestamps(path, text, t[:, 3], tok.linenos, expected), path,
+                  tok.lineno())
 
 
 # --------------------------------------------------------------------------- CSV formats (pandas)
@@ -331,6 +459,28 @@ def _csv_lineno(data: bytes, record: int, header: bool) -> int:
                 return start
         start = reader.line_num + 1
     return start
+
+
+def _csv_head(data: bytes) -> tuple[list[tuple[int, list[str]]], str]:
+    """The first ``_HEADER_SAMPLE + 1`` non-blank CSV records of ``data`` (RFC-4180 quoting) as
+    ``(1-based line where the record starts, fields)``, and the decoded text they come from."""
+    prefix = data[: 1 << 20]
+    text = prefix.decode("utf-8-sig", errors="replace")
+    reader = csv.reader(io.StringIO(text))
+    out: list[tuple[int, list[str]]] = []
+    start = 1
+    try:
+        for row in reader:
+            if any(f.strip() for f in row):
+                out.append((start, row))
+                if len(out) > _HEADER_SAMPLE + 1:
+                    break
+            start = reader.line_num + 1
+    except csv.Error:
+        pass  # the full parse (pandas) reports it with its line
+    if len(prefix) < len(data) and len(out) <= _HEADER_SAMPLE + 1:
+        out = out[:-1]  # the last record may be cut by the prefix
+    return out[: _HEADER_SAMPLE + 1], text
 
 
 def _read_csv(path: Path, data: bytes, header: bool, names: Optional[list[str]], expected: str
@@ -366,14 +516,15 @@ def _csv_frame(path: Path, data: bytes, df: pd.DataFrame, header: bool, cols: tu
         lines = data.decode("utf-8-sig", errors="replace").splitlines()
         lineno = _csv_lineno(data, k, header)
         raise _fail(path, lineno, what, lines[lineno - 1] if lineno <= len(lines) else "", expected)
-    return _frame(u.to_numpy(), i.to_numpy(), ts)
+    return _frame(u.to_numpy(), i.to_numpy(), ts, path, lambda k: _csv_lineno(data, k, header))
 
 
 @READERS.register("amazon_csv")
 def read_amazon_csv(path: Path) -> pd.DataFrame:
     """Amazon review CSV, plain, gzip or in a zip, in either of two layouts.
 
-    - the 2014 ratings-only file ``user,item,rating,timestamp`` without a header;
+    - the 2014 ratings-only file ``user,item,rating,timestamp`` without a header (a header-like
+      first record is an error, module docstring "Header rows");
     - a reviews CSV with a header holding ``reviewerID``, ``asin`` and ``unixReviewTime`` (e.g. the
       Kaggle ``Musical_instruments_reviews.csv``; RFC-4180 quoting, text may hold newlines).
     """
@@ -381,16 +532,20 @@ def read_amazon_csv(path: Path) -> pd.DataFrame:
     expected = ("'user,item,rating,timestamp' rows, or a header with reviewerID, asin, unixReviewTime "
                 "(amazon_csv)")
     data = open_bytes(path)
-    first = data.lstrip()[:4096].decode("utf-8-sig", errors="replace").splitlines()
-    head = first[0] if first else ""
-    if "reviewerID" in head and "asin" in head:
+    records, text = _csv_head(data)
+    lineno, fields = records[0] if records else (1, [])
+    head = _line(text, lineno)
+    if {"reviewerID", "asin"} <= {f.strip() for f in fields}:
         df = _read_csv(path, data, True, None, expected)
         missing = [c for c in ("reviewerID", "asin", "unixReviewTime") if c not in df.columns]
         if missing:
-            raise _fail(path, 1, f"header lacks {missing}", head, expected)
+            raise _fail(path, lineno, f"header lacks {missing}", head, expected)
         return _csv_frame(path, data, df, True, ("reviewerID", "asin", "unixReviewTime"), expected)
-    if head.lstrip().startswith(("{", "[")) or head.count(",") != 3:
-        raise _fail(path, 1, "not a 4-column CSV", head, expected)
+    if head.lstrip().startswith(("{", "[")) or len(fields) != 4:
+        raise _fail(path, lineno, "not a 4-column CSV", head, expected)
+    _refuse_header(path, lineno, head, fields, [r for _, r in records[1:]],
+                   "headerless 'user,item,rating,timestamp' (amazon_csv ratings)",
+                   ", or name the columns reviewerID, asin, unixReviewTime")
     df = _read_csv(path, data, False, ["user", "item", "rating", "timestamp"], expected)
     return _csv_frame(path, data, df, False, ("user", "item", "timestamp"), expected)
 
@@ -400,10 +555,12 @@ def read_ml_csv(path: Path) -> pd.DataFrame:
     """MovieLens 20M/25M/32M ``ratings.csv``: header ``userId,movieId,rating,timestamp``."""
     path, expected = Path(path), "header 'userId,movieId,rating,timestamp' then CSV rows (ml_csv)"
     data = open_bytes(path)
-    lines = data.lstrip()[:4096].decode("utf-8-sig", errors="replace").splitlines()
-    head = lines[0] if lines else ""
-    if [h.strip() for h in head.split(",")][:4] != ["userId", "movieId", "rating", "timestamp"]:
-        raise _fail(path, 1, "wrong header", head, expected)
+    records, text = _csv_head(data)
+    lineno, fields = records[0] if records else (1, [])
+    if [f.strip() for f in fields][:4] != ["userId", "movieId", "rating", "timestamp"]:
+        later = [r for _, r in records[1:]]
+        what = "wrong header" if _header_reason(fields, later) else "no header row"
+        raise _fail(path, lineno, what, _line(text, lineno), expected)
     df = _read_csv(path, data, True, None, expected)
     return _csv_frame(path, data, df, True, ("userId", "movieId", "timestamp"), expected)
 
@@ -419,7 +576,7 @@ def read_amazon_json(path: Path) -> pd.DataFrame:
     """
     path = Path(path)
     expected = "one JSON object per line with reviewerID, asin, unixReviewTime (amazon_json)"
-    users, items, times = [], [], []
+    users, items, times, linenos = [], [], [], []
     for lineno, line in enumerate(_text(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -435,9 +592,10 @@ def read_amazon_json(path: Path) -> pd.DataFrame:
         users.append(str(u))
         items.append(str(i))
         times.append(int(t))
+        linenos.append(lineno)
     if not users:
         raise DataFormatError(f"{path.name}: no interactions (the file is empty)")
-    return _frame(users, items, np.asarray(times, dtype=np.int64))
+    return _frame(users, items, np.asarray(times, dtype=np.int64), path, linenos.__getitem__)
 
 
 @READERS.register("lcrec_json")

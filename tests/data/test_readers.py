@@ -258,3 +258,121 @@ def test_lcrec_json_duplicate_user_is_an_error(tmp_path):
     f.write_text('{"u1": [1, 2, 3], "u2": [4, 5, 6], "u1": [7, 8, 9]}')
     with pytest.raises(DataFormatError, match="appears twice"):
         read("lcrec_json", f)
+
+
+# --------------------------------------------------------------------------- header rows (issue 9.8)
+
+
+@pytest.mark.parametrize("fmt,text,line", [
+    ("s3rec", "user_id item_id_list\n1 2 3 4\n2 3 4 5\n", 1),
+    ("s3rec", "\n\nuid items\n1 2 3 4\n2 3 4 5\n", 3),  # named by the line it is on
+    ("s3rec", "reviewer products\n1 2 3 4\n2 3 4 5\n", 1),  # unknown names: ids below are integers
+    ("sasrec", "user_id item_id\n1 2\n1 3\n", 1),
+    ("sasrec", "UserID:token ItemID:token\nu1 i1\n", 1),
+    ("ml_udata", "user_id\titem_id\trating\ttimestamp\n196\t242\t3\t881250949\n", 1),
+    ("ml_dat", "UserID::MovieID::Rating::Timestamp\n1::1193::5::978300760\n", 1),
+    ("amazon_csv", "user,item,rating,timestamp\nA1,B1,5.0,1382745600\n", 1),
+    ("amazon_csv", '"reviewer","product","stars","time"\nA1,B1,5.0,1382745600\n', 1),
+])
+def test_header_row_is_refused(tmp_path, fmt, text, line):
+    """A header in a format without one is refused, naming its line, instead of read as data."""
+    with pytest.raises(DataFormatError) as e:
+        read(fmt, write(tmp_path / "h.txt", text))
+    one_line_error(e, f"h.txt:{line}:", "header row", f"delete line {line}")
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("s3rec", "u1 a b c\nu2 b c\n"),  # string ids everywhere: line 1 is data
+    ("s3rec", "7 user_id x\n8 x y\n"),  # a column name as an item id, not first: data
+    ("sasrec", "a b\nc d\n"),
+    ("amazon_csv", "A1,0000031852,5.0,1382745600\nA2,B00X,3.0,1400000000\n"),
+])
+def test_first_line_of_data_is_not_a_header(tmp_path, fmt, text):
+    df = read(fmt, write(tmp_path / "d.txt", text))
+    assert len(df) == sum(len(ln.replace(",", " ").split()) - 1 if fmt == "s3rec" else 1
+                          for ln in text.splitlines())
+
+
+def test_amazon_csv_quoted_row_on_line_1_is_data(tmp_path):
+    """A valid RFC-4180 row with a quoted comma is data on line 1 as on any other line."""
+    row = '"A1, jr",B1,5.0,1382745600\n'
+    other = "A2,B2,3.0,1400000000\n"
+    for text in (row + other, other * 4 + row):
+        df = read("amazon_csv", write(tmp_path / "q.csv", text))
+        assert ("A1, jr", "B1", 1382745600) in rows(df) and len(df) == text.count("\n")
+
+
+def test_amazon_csv_reviews_header_by_field_name(tmp_path):
+    """The reviews header is recognised by its parsed field names, quoted or not."""
+    quoted = '"reviewerID","asin","unixReviewTime"\nA1,B1,1393545600\n'
+    assert rows(read("amazon_csv", write(tmp_path / "r.csv", quoted))) == [("A1", "B1", 1393545600)]
+
+
+def test_ml_csv_quoted_header_and_missing_header(tmp_path):
+    text = '"userId","movieId","rating","timestamp"\n1,296,5.0,1147880044\n'
+    assert rows(read("ml_csv", write(tmp_path / "ratings.csv", text))) == [("1", "296", 1147880044)]
+    with pytest.raises(DataFormatError) as e:
+        read("ml_csv", write(tmp_path / "bad.csv", "1,296,5.0,1147880044\n1,306,3.5,1147868817\n"))
+    one_line_error(e, "bad.csv:1", "no header row")
+
+
+def test_tsv_data_row_with_bad_time_is_not_taken_for_a_header(tmp_path):
+    with pytest.raises(DataFormatError) as e:
+        read("tsv", write(tmp_path / "bad.tsv", "1\t2\t100.5\n1\t3\t200\n"))
+    one_line_error(e, "bad.tsv:1", "timestamp is not an integer")
+
+
+# --------------------------------------------------------------------------- timestamp units (9.9)
+
+SEC = [1390694400, 1390780800, 1390867200]
+
+
+def timed(fmt: str, ts: list[int]) -> str:
+    """A file of format ``fmt`` with user ``u1``, items ``i0, i1, …`` at times ``ts``."""
+    if fmt == "amazon_json":
+        return "".join(json.dumps({"reviewerID": "u1", "asin": f"i{k}", "unixReviewTime": t}) + "\n"
+                       for k, t in enumerate(ts))
+    line = {"tsv": "u1\ti{k}\t{t}", "ml_udata": "u1\ti{k}\t5\t{t}", "ml_dat": "u1::i{k}::5::{t}",
+            "amazon_csv": "u1,i{k},5.0,{t}", "ml_csv": "u1,i{k},5.0,{t}"}[fmt]
+    head = "userId,movieId,rating,timestamp\n" if fmt == "ml_csv" else ""
+    return head + "".join(line.format(k=k, t=t) + "\n" for k, t in enumerate(ts))
+
+
+TIMED = ["amazon_csv", "amazon_json", "ml_csv", "ml_dat", "ml_udata", "tsv"]
+
+
+@pytest.mark.parametrize("fmt", TIMED)
+@pytest.mark.parametrize("scale,unit", [(1000, "milliseconds"), (10**6, "microseconds"),
+                                        (10**9, "nanoseconds")])
+def test_sub_second_timestamps_become_seconds(tmp_path, caplog, fmt, scale, unit):
+    ts = [t * scale + 999 for t in SEC] if scale > 1000 else [t * scale + 123 for t in SEC]
+    with caplog.at_level("INFO", logger="bftrec.data.readers"):
+        df = read(fmt, write(tmp_path / "ms.txt", timed(fmt, ts)))
+    assert df["timestamp"].dtype == np.int64 and df["timestamp"].tolist() == SEC
+    assert any("ms.txt" in r.getMessage() and unit in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("fmt", TIMED)
+def test_seconds_are_kept(tmp_path, caplog, fmt):
+    ts = [5, 978300760, 10**11 - 1]  # small values and the top of the seconds range are seconds
+    with caplog.at_level("INFO", logger="bftrec.data.readers"):
+        assert read(fmt, write(tmp_path / "s.txt", timed(fmt, ts)))["timestamp"].tolist() == ts
+    assert not any("seconds" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("fmt", TIMED)
+def test_mixed_units_are_refused(tmp_path, fmt):
+    text = timed(fmt, [SEC[0], SEC[1] * 1000, SEC[2]])
+    with pytest.raises(DataFormatError) as e:
+        read(fmt, write(tmp_path / "mix.txt", text))
+    first = 2 if fmt == "ml_csv" else 1  # the header is line 1
+    one_line_error(e, "mix.txt", f"line {first} ", "(seconds)", f"line {first + 1} ",
+                   "(milliseconds)", "Unix seconds")
+
+
+def test_ms_to_seconds_that_would_reorder_events_is_refused(tmp_path):
+    # true order i1 (1.2 s), i0 (1.7 s); in seconds both are 1, and the tie would keep file order
+    text = f"u1\ti0\t{SEC[0] * 1000 + 700}\nu1\ti1\t{SEC[0] * 1000 + 200}\nu2\ti0\t{SEC[1] * 1000}\n"
+    with pytest.raises(DataFormatError) as e:
+        read("tsv", write(tmp_path / "ms.tsv", text))
+    one_line_error(e, "ms.tsv", "lines 1 and 2", "same second", "sort")
