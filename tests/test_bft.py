@@ -528,6 +528,29 @@ def test_initial_precision_scale_slope_and_q():
     assert mlp.stack.tau.mlp_w2.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("kind", ["item", "mlp"])
+def test_mean_count_start_is_set_by_calibration(kind):
+    """BFT.md §7 ``tau.scale=mean_count``: the calibration sets τ₀ = log n̄ (n̄ = mean layer-0 λ̄̂^obs of the batch)
+    and Q̂₀ = 0.1/n̄, once; layer-0 λ̂^obs does not depend on τ₀, so the calibrated s₀² equal those of ``count``."""
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)
+    ref, mc = sasrec(bft_cfg(tau_kind=kind)), sasrec(bft_cfg(tau_kind=kind, tau_scale="mean_count"))
+    for m in (ref, mc):
+        m.calibrate({"seq": seq})
+    x = seq[:, :-1]  # the calibration forward's input (SASRec's training_loss)
+    mech = ref.eval().mechanism({"item_seq": x})
+    n_bar = float(mech["layers"][0]["lam_obs"][x != 0].mean())
+    tau0 = float(mc.stack.tau.start_values()[1])
+    assert n_bar > 1 and tau0 == pytest.approx(math.log(n_bar), rel=1e-4)
+    q = mc.stack.blocks[0].process_noise()
+    torch.testing.assert_close(q, torch.full_like(q, 0.1 / n_bar), rtol=1e-4, atol=0)
+    torch.testing.assert_close(mc.stack.blocks[0].s0sq, ref.stack.blocks[0].s0sq)
+    got = mc.eval().mechanism({"item_seq": x})
+    torch.testing.assert_close(got["layers"][0]["lam_obs"], mech["layers"][0]["lam_obs"])
+    torch.testing.assert_close(got["lam0"][x != 0], torch.full((int((x != 0).sum()),), n_bar), rtol=1e-4, atol=0)
+    mc.calibrate({"seq": seq})  # once: a second calibration keeps τ
+    assert float(mc.stack.tau.start_values()[1]) == tau0
+
+
 def test_tau_mlp_reads_the_item_embedding_only():
     """BFT.md §0: τ = τ₀ + MLP(e_x): no position, no dropout. The same item has the same λ⁰ anywhere, in training."""
     model = sasrec(bft_cfg(tau_kind="mlp"), dropout=0.5)
