@@ -7,11 +7,16 @@ start with the key's name (``validate``). The ``dataset`` group is checked again
 """
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -105,3 +110,42 @@ def check_choice(value: str, choices: tuple, key: str) -> None:
     """Raise a one-line ConfigError when ``value`` is not one of ``choices``."""
     if value not in choices:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(choices)}")
+
+
+def upgrade_legacy_layer(d: dict) -> dict:
+    """A stored layer config (run dir ``config.yaml``, checkpoint, metrics.json ``layer_config``) in today's form.
+
+    Runs written before ``bft.units`` existed (BFT v1) have a ``bft`` block without ``units``: they
+    measured precision in the units of ``h``, so they load as ``bft.units=h`` (their ``tau.scale``,
+    e.g. ``embedding``, stays valid). Logs one info line when it applies. Any other config
+    (``layer=standard``, a v2 run) is returned unchanged (as a copy). Every loading path uses it
+    (``load_run_config``: ``bftrec.evaluate`` re-score and gain replay, ``bftrec.grid.prepare_cell``,
+    ``bftrec.train`` resume). Pure dict logic, no torch: scripts may import it cheaply.
+
+    Args:
+        d: the layer config as a dict or DictConfig (``{"name": ..., "tau": {...}, "bft": {...}}``).
+    Returns:
+        a new plain dict.
+    """
+    out = copy.deepcopy(OmegaConf.to_container(d, resolve=True) if OmegaConf.is_config(d) else dict(d))
+    bft = out.get("bft")
+    if isinstance(bft, dict) and "units" not in bft:
+        bft["units"] = "h"
+        log.info("layer %r was stored before bft.units existed (BFT v1): loading it as layer.bft.units=h",
+                 out.get("name"))
+    return out
+
+
+def load_run_config(run_dir: Path) -> DictConfig:
+    """``<run_dir>/config.yaml`` with its layer in today's form (``upgrade_legacy_layer``).
+
+    Raises:
+        FileNotFoundError: no config.yaml there.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found; pass a run directory written by bftrec-train")
+    cfg = OmegaConf.load(path)
+    if "layer" in cfg:
+        cfg.layer = OmegaConf.create(upgrade_legacy_layer(cfg.layer))
+    return cfg

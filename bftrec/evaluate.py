@@ -6,7 +6,9 @@ Reads the run's ``config.yaml`` and ``checkpoint.pt``, applies ``key=value`` ove
 such as new strata, other K, ``eval.repeat_target=mask``, ``eval.protocol=sampled100``; also
 ``data_root``), scores the test split once and writes ``metrics.json`` and ``ranks.csv.gz`` into a
 new folder ``<run_dir>/eval_<time>/`` (or ``--out``), never over the run's own files. For BFT runs the
-mechanism statistics (Kalman gain K and λ⁰ by stratum) are recomputed from the checkpoint.
+mechanism statistics (Kalman gain K and λ⁰ by stratum) are recomputed from the checkpoint. A run
+written before ``layer.bft.units`` existed is BFT v1 and re-scores as ``bft.units=h``
+(``bftrec.config.upgrade_legacy_layer``); the new folder's config.yaml says so.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bftrec.config import ConfigError
+from bftrec.config import ConfigError, load_run_config
 from bftrec.train import build, evaluate_test, one_line_errors, protocol_block, typed_groups, write_outputs
 from bftrec.trainer import first_batch, mean_gain, resolve_device, seed_everything, training_tensors
 
@@ -41,7 +43,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     for name in ("config.yaml", "checkpoint.pt"):
         if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir / name} not found; pass a run directory written by bftrec-train")
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir)  # a run written before bft.units existed loads as units=h (BFT v1)
     OmegaConf.set_struct(cfg, True)
     for item in overrides:
         key = item.split("=", 1)[0]
@@ -75,8 +77,7 @@ def replay_gain(run_dir: Path) -> dict:
     trainer recorded it: rebuilds the model with the run's seed exactly as ``run`` does (same RNG
     order), calibrates on the same batch, measures K, then loads the best checkpoint and measures again.
     """
-    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
-    g = typed_groups(cfg)
+    g = typed_groups(load_run_config(Path(run_dir)))
     device = torch.device("cpu")
     seed_everything(g["root"].seed, g["trainer"].deterministic)
     data, _, model = build(g, device)

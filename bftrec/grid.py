@@ -31,7 +31,7 @@ from typing import Optional
 
 import yaml
 
-from bftrec.config import ConfigError
+from bftrec.config import ConfigError, upgrade_legacy_layer
 
 log = logging.getLogger("bftrec")
 
@@ -114,7 +114,10 @@ def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool) -> tuple[st
         raise ConfigError(f"{out_dir} already holds a run; pass skip_finished=true to skip or resume it, "
                           "or choose another out_root")
     if saved.exists():
-        diff = config_diff(_read(saved, yaml.safe_load) or {}, resolved)
+        stored = _read(saved, yaml.safe_load) or {}
+        if isinstance(stored.get("layer"), dict):  # a run written before bft.units existed is BFT v1 (units=h)
+            stored["layer"] = upgrade_legacy_layer(stored["layer"])
+        diff = config_diff(stored, resolved)
         if diff:
             raise ConfigError(f"{out_dir} holds a run of another config (differs at {', '.join(diff[:5])}); "
                               "choose another out_root or move that run away")

@@ -1,13 +1,16 @@
 """BFT mechanism statistics (BFT.md §6): Kalman gain K and initial precision λ⁰ by stratum.
 
 A BFT stack fills the ``mech`` dict of a forward with
-- ``lam0``: (B, L) float32, λ⁰ averaged over D (0 on padding);
+- ``units``: ``bft.units`` of the layer (``count``: precisions are counts of observations, BFT.md §7;
+  ``h``: in the units of h, v1);
+- ``lam0``: (B, L) float32, λ̄⁰, the geometric mean of λ⁰ over D (0 on padding);
 - ``layers``: one dict per layer with ``K`` (B, L) float32 mean over D, ``lam_obs`` (B, L) float32
-  mean over D, ``n_eff`` (B, L) float32 Kish effective sample size averaged over heads, and ``Q``
-  (D,) float32 process noise.
+  λ̄^obs, the geometric mean over D (BFT.md §6: a few extreme coordinates do not decide it), ``n_eff``
+  (B, L) float32 Kish effective sample size averaged over heads, and ``Q`` (D,) float32 process noise.
 The evaluator collects these on the test histories and aggregates them over real tokens: per layer,
 by the item-frequency bin of each token's item (the same count thresholds as the test strata), and
-by cold versus warm user. Standard layers fill nothing and get no ``mechanism`` block.
+by cold versus warm user (arithmetic means over tokens of those per-token values). Standard layers fill
+nothing and get no ``mechanism`` block.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
         history_len: (U,) int64 test history length per user index.
         cold_max_history: users whose history length is <= this are cold.
     Returns:
-        JSON-ready {"per_layer": [{"layer", "K", "lam_obs", "n_eff", "Q_mean"}],
+        JSON-ready {"units", "precision_summary", "per_layer": [{"layer", "K", "lam_obs", "n_eff", "Q_mean"}],
         "by_item_freq": [{"bin", "lo", "hi", "n_tokens", "K", "K_per_layer", "lam0"}],
         "cold_users": {"max_history", "n_tokens", "K", "lam0"}, "warm_users": {...}}.
         K without a layer index is the mean over layers.
@@ -48,7 +51,10 @@ def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
     items_a, lam0_a, users_a = np.concatenate(items), np.concatenate(lam0), np.concatenate(users)
     st = {k: np.concatenate(v, axis=1) for k, v in per_layer.items()}  # each (n_layers, tokens)
     k_all = st["K"]
-    out: dict = {"per_layer": [{"layer": i, "K": _mean(k_all[i]), "lam_obs": _mean(st["lam_obs"][i]),
+    out: dict = {"units": sink[-1]["mech"].get("units"),
+                 "precision_summary": "lam0, lam_obs: per token the geometric mean over D (BFT.md §6), "
+                                      "then the arithmetic mean over tokens",
+                 "per_layer": [{"layer": i, "K": _mean(k_all[i]), "lam_obs": _mean(st["lam_obs"][i]),
                                 "n_eff": _mean(st["n_eff"][i]), "Q_mean": float(q[i].mean())}
                                for i in range(len(k_all))], "by_item_freq": []}
     tok_bin = assign_item_bins(train_counts[items_a], bins)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bftrec.config import ConfigError, EvalConfig, TrainerConfig, merge_schema, validate_root
+from bftrec.config import ConfigError, EvalConfig, TrainerConfig, load_run_config, merge_schema, validate_root
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
 from bftrec.evaluation import check_eval_config, rank_users
@@ -151,6 +151,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
         else:
             if status == "resumed" and not tc.resume:
                 tc.resume = str(out_dir)
+            check_resumed_layer(tc.resume, g["layer"])
             if is_main():
                 out_dir.mkdir(parents=True, exist_ok=True)
                 OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
@@ -159,6 +160,23 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     return metrics
+
+
+def check_resumed_layer(resume: Optional[str], layer_cfg) -> None:
+    """With ``trainer.resume``: the run resumed from was trained with the same layer config (a run written
+    before ``bft.units`` existed counts as ``units=h``, ``upgrade_legacy_layer``), else a one-line ConfigError."""
+    if not resume or not (Path(resume) / "config.yaml").exists():
+        return
+    stored = load_run_config(Path(resume)).get("layer")
+    if stored is None or stored.get("name") not in LAYER_CONFIGS:
+        return
+    saved = OmegaConf.to_container(OmegaConf.structured(merge_schema(LAYER_CONFIGS[stored.get("name")], stored,
+                                                                         "layer")))
+    now = OmegaConf.to_container(OmegaConf.structured(layer_cfg))
+    saved.pop("name"), now.pop("name")  # bft with units=h and bft_h compute the same layer
+    if saved != now:
+        raise ConfigError(f"trainer.resume={resume} was trained with layer settings {saved}, not {now}; resume "
+                          "with the same settings (a v1 run: layer=bft_h) or start a new run")
 
 
 def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict, started: float) -> dict:

@@ -129,6 +129,11 @@ class LayerRunner:
         self.lam = (torch.rand(n, D, device=device) * 50 + 10).requires_grad_()  # λ rows of the valid positions
         self.g = torch.randn(B, T, D, device=device)
         self.g2 = torch.randn(n, D, device=device) * 1e-3
+        if variant != "standard":  # s₀² from these inputs, as the trainer's calibration pass sets it (BFT.md §1)
+            self.block.eval()
+            with torch.no_grad():
+                self.block(self.h, self.lam, self.masks, run=LayerRun(calibrate=True, rows=self.rows))
+            self.block.train()
 
     def step(self) -> None:
         with _amp(self.device, self.amp):

@@ -1,16 +1,15 @@
 """Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``) against BFT.md §5.
 
-§5.1 degenerate case, §5.2 limits, §5.3 expanded square, §5.4 no leakage (and the s₀² buffer
-semantics of §1), §5.5 batch independence, §5.6 stability on real data (``data`` marker), §5.7
-Jacobian; plus NaN-free empty rows, gradient flow, ``detach_precision_grad``, the parameter
-overhead of §0, config errors and the mechanism format of §6. §5.8 (cost) is
-``scripts/bench_layer.py``, never a timed test.
+§5.1 degenerate case (both ``bft.units``), §5.2 limits, §5.3 expanded square (and the exact Kish
+``n − 1``), §5.4 no leakage (and the s₀² buffer semantics of §1), §5.5 batch independence, §5.7
+Jacobian (§5.6, §5.10 and the §7 acceptance on real data: ``tests/test_bft_real_data.py``); plus
+NaN-free empty rows, gradient flow, ``detach_precision_grad``, the parameter overhead of §0, config
+errors and the mechanism format of §6. §5.8 (cost) is ``scripts/bench_layer.py``, never a timed test.
 """
 from __future__ import annotations
 
 import copy
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,17 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, merge_schema
-from bftrec.layers import LAYER_CONFIGS, Masks, StandardLayerConfig, build_masks, build_stack, masked_softmax
+from bftrec.layers import (
+    LAYER_BUILDERS,
+    LAYER_CONFIGS,
+    Masks,
+    StandardLayerConfig,
+    build_masks,
+    build_stack,
+    masked_softmax,
+)
 from bftrec.layers.bft import (
+    BFTHLayerConfig,
     BFTLayerConfig,
     BFTParams,
     BFTSASRecBlock,
@@ -33,6 +41,7 @@ from bftrec.layers.bft import (
 from bftrec.layers.precision import (
     ffn_jacobian_diag,
     kalman_update,
+    kish_b,
     kish_sums,
     kriging_moments,
     kriging_stats,
@@ -87,11 +96,17 @@ def restore(model, saved: dict) -> None:
             v.copy_(saved[k])
 
 
+def units_cfg(units: str, **kw) -> BFTLayerConfig:
+    """``bft_cfg`` under ``bft.units=units`` with that unit's default ``tau.scale`` (count; h: embedding)."""
+    return bft_cfg(bft_units=units, tau_scale={"count": "count", "h": "embedding"}[units], **kw)
+
+
 # ------------------------------------------------------------------------------------------ §5.1
-def test_degenerate_uniform_equals_standard_and_learned_differs():
+@pytest.mark.parametrize("units", ["count", "h"])
+def test_degenerate_uniform_equals_standard_and_learned_differs(units):
     std = sasrec(StandardLayerConfig(), seed=1, dropout=0.2)
-    uni = sasrec(bft_cfg(bft_precision="uniform"), seed=2, dropout=0.2)
-    lrn = sasrec(bft_cfg(), seed=3, dropout=0.2)
+    uni = sasrec(units_cfg(units, bft_precision="uniform"), seed=2, dropout=0.2)
+    lrn = sasrec(units_cfg(units), seed=3, dropout=0.2)
     seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)  # (4, 13) training windows
     for m in (uni, lrn):
         m.train()
@@ -186,6 +201,18 @@ def test_kish_n_minus_one_does_not_collapse_in_float32():
     a2, b = kish_sums(alpha)
     assert (1 / a2 - 1).item() == 0.0  # the subtraction collapses in float32 ...
     assert b.item() / a2.item() == pytest.approx(1e-8, rel=1e-3)  # ... the elementwise sum does not
+
+
+def test_kish_b_is_exact_to_float_rounding():
+    """BFT.md §1: n − 1 = Σα̃(1 − α̃)/Σα̃², elementwise. ``α̃ − α̃²`` loses ~1e-4 relative at α̃ = 1 − 3000·2⁻²⁴."""
+    a = 1.0 - 3000 * 2.0 ** -24
+    alpha = torch.tensor([[a, 1.0 - a]], dtype=torch.float32)  # one row, sums to 1 exactly
+    exact = 2 * alpha.double().prod()  # Σ α̃(1 − α̃) for two weights
+    v = torch.randn(1, 1, 2, 3)
+    for b in (kish_sums(alpha)[1], kriging_stats(alpha[None, None].expand(1, 1, 2, 2).contiguous(), v)[3][0, 0, :1]):
+        assert abs(float(b.double().sum()) / float(exact) - 1) < 1e-6
+    g = (torch.rand(2, 1, 3, 5, dtype=torch.float64) / 5).requires_grad_()
+    assert torch.autograd.gradcheck(kish_b, (g,))
 
 
 def test_reml_shrinkage_limits():
@@ -301,61 +328,7 @@ def test_batch_independence_at_eval():
 
 
 # ------------------------------------------------------------------------------------------ §5.6
-def _sports_windows(max_len: int) -> tuple[torch.Tensor, int, np.ndarray]:
-    """Training windows (U, max_len + 1) of Amazon Sports, n_items, training counts (N + 1,)."""
-    try:
-        from bftrec.data.batches import train_windows
-        from bftrec.data.datasets import dataset_config, load_dataset
-
-        data = load_dataset(dataset_config("sports"))
-        wins = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))
-        return wins[wins[:, -1] != 0], data.n_items, data.train_counts()
-    except (ImportError, AttributeError, NotImplementedError):  # data package not usable yet
-        path = Path(os.environ["BFTREC_DATA_ROOT"]) / "amazon_sports_2014_5core" / "Sports_and_Outdoors.txt"
-        seqs = [list(map(int, ln.split()[1:])) for ln in path.read_text().splitlines() if ln.strip()]
-        n_items = max(max(s) for s in seqs)
-        counts = np.zeros(n_items + 1, dtype=np.int64)
-        wins = np.zeros((len(seqs), max_len + 1), dtype=np.int64)
-        for u, s in enumerate(seqs):
-            train = s[:-2]  # leave-one-out: last two are validation and test targets
-            np.add.at(counts, train, 1)
-            w = train[-(max_len + 1):]
-            wins[u, max_len + 1 - len(w):] = w
-        return torch.from_numpy(wins), n_items, counts
-
-
-@pytest.mark.data
-@pytest.mark.skipif(not os.environ.get("BFTREC_DATA_ROOT"), reason="BFTREC_DATA_ROOT is not set")
-def test_stability_one_epoch_on_sports():
-    torch.manual_seed(0)
-    max_len, bs = 20, 512
-    wins, n_items, counts = _sports_windows(max_len)
-    cfg = SASRecConfig(d_model=32, n_heads=2, d_ff=64, n_layers=2, max_len=max_len, loss="sampled_softmax",
-                       n_negatives=128)
-    model = MODELS.get("sasrec")(cfg, bft_cfg(), DataInfo(n_items=n_items, train_counts=counts))
-    lo, hi = model.stack.cfg.bft.clamp_min, model.stack.cfg.bft.clamp_max
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model.train()
-    model.calibrate({"seq": wins[:bs]})
-    model.stack.probe = {}
-    perm = torch.randperm(len(wins))
-    first = last = None
-    for idx in perm.split(bs):
-        loss = model.training_loss({"seq": wins[idx]})
-        assert torch.isfinite(loss)
-        opt.zero_grad()
-        loss.backward()
-        for name, p in model.named_parameters():
-            assert p.grad is None or torch.isfinite(p.grad).all(), name
-        opt.step()
-        first = float(loss.detach()) if first is None else first
-        last = float(loss.detach())
-    assert last < first  # it learns
-    for name, ranges in model.stack.probe.items():  # every clamped quantity, every layer and step
-        mins, maxs = np.array([r[0] for r in ranges]), np.array([r[1] for r in ranges])
-        assert (mins > lo * 10).all() and (maxs < hi / 10).all(), (name, mins.min(), maxs.max())
-    assert set(model.stack.probe) == {"lam", "lam_obs", "lam1", "lam2"}
-    model.stack.probe = None
+# on real data, for every backbone and both units: tests/test_bft_real_data.py
 
 
 # ------------------------------------------------------------------------------------------ §5.7
@@ -530,17 +503,23 @@ def test_parameter_overhead(kw):
 
 
 def test_initial_precision_scale_slope_and_q():
-    model = sasrec(bft_cfg())
-    v0 = model.input_variance()
-    tau = model.stack.tau.tau.detach()[1:, 0]
-    assert torch.allclose(tau, torch.full_like(tau, math.log(1 / v0)))
+    model = sasrec(bft_cfg())  # default: units=count, tau.scale=count: τ₀ = 0, Q₀ = 0.1 (BFT.md §7)
+    tau = model.stack.tau.tau.detach()
+    assert (tau == 0).all()
     q = model.stack.blocks[1].process_noise()
-    assert torch.allclose(q, torch.full_like(q, 0.1 * v0), rtol=1e-5)  # Q = 0.1 / λ⁰
-    unit = sasrec(bft_cfg(tau_scale="unit", tau_freq_slope=0.5))
-    counts = torch.from_numpy(info().train_counts).double()
-    want = 0.5 * (torch.log1p(counts[1:]) - torch.log1p(counts[1:]).mean())
-    assert torch.allclose(unit.stack.tau.tau.detach()[1:, 0].double(), want, atol=1e-6)
-    mlp = sasrec(bft_cfg(tau_kind="mlp", tau_scale="unit"))
+    assert torch.allclose(q, torch.full_like(q, 0.1), rtol=1e-6)
+    v1 = sasrec(units_cfg("h"))  # v1: τ₀ = log(1/v₀), Q = 0.1/λ⁰ (BFT.md §0)
+    v0 = v1.input_variance()
+    tau = v1.stack.tau.tau.detach()[1:, 0]
+    assert torch.allclose(tau, torch.full_like(tau, math.log(1 / v0)))
+    q = v1.stack.blocks[1].process_noise()
+    assert torch.allclose(q, torch.full_like(q, 0.1 * v0), rtol=1e-5)
+    for cfg in (bft_cfg(bft_units="h", tau_scale="unit", tau_freq_slope=0.5), bft_cfg(tau_freq_slope=0.5)):
+        unit = sasrec(cfg)
+        counts = torch.from_numpy(info().train_counts).double()
+        want = 0.5 * (torch.log1p(counts[1:]) - torch.log1p(counts[1:]).mean())
+        assert torch.allclose(unit.stack.tau.tau.detach()[1:, 0].double(), want, atol=1e-6)
+    mlp = sasrec(bft_cfg(tau_kind="mlp"))
     mech = mlp.mechanism({"item_seq": sequences()})
     valid = sequences() != 0
     assert torch.allclose(mech["lam0"][valid], torch.ones(int(valid.sum())))  # MLP's last layer starts at 0
@@ -549,9 +528,65 @@ def test_initial_precision_scale_slope_and_q():
     assert mlp.stack.tau.mlp_w2.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("kind", ["item", "mlp"])
+def test_mean_count_start_is_set_by_calibration(kind):
+    """BFT.md §7 ``tau.scale=mean_count``: the calibration sets τ₀ = log n̄ (n̄ = mean layer-0 λ̄̂^obs of the batch)
+    and Q̂₀ = 0.1/n̄, once; layer-0 λ̂^obs does not depend on τ₀, so the calibrated s₀² equal those of ``count``."""
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)
+    ref, mc = sasrec(bft_cfg(tau_kind=kind)), sasrec(bft_cfg(tau_kind=kind, tau_scale="mean_count"))
+    for m in (ref, mc):
+        m.calibrate({"seq": seq})
+    x = seq[:, :-1]  # the calibration forward's input (SASRec's training_loss)
+    mech = ref.eval().mechanism({"item_seq": x})
+    n_bar = float(mech["layers"][0]["lam_obs"][x != 0].mean())
+    tau0 = float(mc.stack.tau.start_values()[1])
+    assert n_bar > 1 and tau0 == pytest.approx(math.log(n_bar), rel=1e-4)
+    q = mc.stack.blocks[0].process_noise()
+    torch.testing.assert_close(q, torch.full_like(q, 0.1 / n_bar), rtol=1e-4, atol=0)
+    torch.testing.assert_close(mc.stack.blocks[0].s0sq, ref.stack.blocks[0].s0sq)
+    got = mc.eval().mechanism({"item_seq": x})
+    torch.testing.assert_close(got["layers"][0]["lam_obs"], mech["layers"][0]["lam_obs"])
+    torch.testing.assert_close(got["lam0"][x != 0], torch.full((int((x != 0).sum()),), n_bar), rtol=1e-4, atol=0)
+    mc.calibrate({"seq": seq})  # once: a second calibration keeps τ
+    assert float(mc.stack.tau.start_values()[1]) == tau0
+
+
+def test_tau_mlp_reads_the_item_embedding_only():
+    """BFT.md §0: τ = τ₀ + MLP(e_x): no position, no dropout. The same item has the same λ⁰ anywhere, in training."""
+    model = sasrec(bft_cfg(tau_kind="mlp"), dropout=0.5)
+    with torch.no_grad():
+        model.stack.tau.mlp_w2.normal_()  # a non-trivial MLP
+    x = torch.tensor([[0, 5, 7, 5, 9, 5, 7, 5, 3, 5, 1, 5]])  # item 5 at six positions
+    model.train()
+    torch.manual_seed(0)
+    lam0 = model.stack.initial_precision(x, valid_rows(x != 0), model.item_embedding)[:, 0]  # (n,)
+    at5 = lam0[(x[x != 0] == 5)]
+    assert torch.allclose(at5, at5[0].expand_as(at5)) and not torch.allclose(lam0, lam0[0].expand_as(lam0))
+    mech: dict = {}
+    torch.manual_seed(1)
+    model.encode(x, mech=mech)  # through the backbone: the same item embedding, dropout on
+    torch.testing.assert_close(mech["lam0"][x == 5], at5)
+
+
+def test_calibration_runs_without_dropout():
+    """s₀² and the gains after calibration do not depend on a dropout draw; the training mode is restored."""
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences(L=12)], 1)
+    s0 = []
+    for seed in (0, 1):
+        model = sasrec(bft_cfg(), dropout=0.5)
+        model.train()
+        torch.manual_seed(seed)
+        model.calibrate({"seq": seq})
+        assert model.training
+        s0.append(torch.cat([b.s0sq for b in model.stack.blocks]))
+    torch.testing.assert_close(s0[0], s0[1])
+
+
 @pytest.mark.parametrize("kw,key", [
     ({"tau_kind": "table"}, "layer.tau.kind"),
     ({"tau_scale": "log"}, "layer.tau.scale"),
+    ({"bft_units": "h", "tau_scale": "log"}, "layer.tau.scale"),
+    ({"bft_units": "counts"}, "layer.bft.units"),
     ({"bft_precision": "fixed"}, "layer.bft.precision"),
     ({"bft_prior_dof": 0.0}, "layer.bft.prior_dof"),
     ({"bft_prior_dof": -1.0}, "layer.bft.prior_dof"),
@@ -564,6 +599,25 @@ def test_bad_config_values_raise(kw, key):
         sasrec(bft_cfg(**kw))
     msg = str(err.value)
     assert key in msg and "\n" not in msg and str(next(iter(kw.values()))) in msg
+    if key in ("layer.tau.scale", "layer.bft.units"):  # the line lists the valid values
+        want = ("count, mean_count", "embedding, unit") if key == "layer.tau.scale" else ("count, h",)
+        assert any(w in msg for w in want)
+
+
+@pytest.mark.parametrize("units,scale,fix", [
+    ("count", "embedding", "layer.bft.units=h"), ("count", "unit", "layer.bft.units=h"),
+    ("h", "count", "layer.bft.units=count"), ("h", "mean_count", "layer.bft.units=count"),
+])
+def test_scale_of_the_other_units_is_refused(units, scale, fix):
+    """BFT.md §0/§7: each tau.scale belongs to one bft.units; the error names the combination and the fix."""
+    for make in (lambda: bft_cfg(bft_units=units, tau_scale=scale),  # typed config
+                 lambda: merge_schema(LAYER_CONFIGS["bft"], {"tau": {"scale": scale}, "bft": {"units": units}},
+                                      "layer")):  # the yaml path: fails at start, when the config is merged
+        with pytest.raises(ConfigError) as err:
+            make()
+        msg = str(err.value)
+        assert "\n" not in msg and f"layer.tau.scale={scale}" in msg and f"layer.bft.units={units}" in msg
+        assert fix in msg
 
 
 def test_no_variant_for_unknown_block():
@@ -580,10 +634,24 @@ def test_no_variant_for_unknown_block():
 
 
 def test_yaml_matches_dataclass():
+    raw_h = OmegaConf.load(ROOT / "configs" / "layer" / "bft_h.yaml")
+    assert merge_schema(LAYER_CONFIGS["bft_h"], raw_h, "layer") == BFTHLayerConfig()
+    assert BFTHLayerConfig().bft.units == "h" and BFTHLayerConfig().tau.scale == "embedding"  # v1
+    assert LAYER_BUILDERS.get("bft_h") is LAYER_BUILDERS.get("bft")
     raw = OmegaConf.load(ROOT / "configs" / "layer" / "bft.yaml")
     assert merge_schema(LAYER_CONFIGS["bft"], raw, "layer") == BFTLayerConfig()
+    assert BFTLayerConfig().bft.units == "count" and BFTLayerConfig().tau.scale == "count"
     assert set(raw.tau) == set(TauConfig.__dataclass_fields__) and set(raw.bft) == set(BFTParams.__dataclass_fields__)
     bad = copy.deepcopy(raw)
     bad.tau.kindd = "item"
     with pytest.raises(ConfigError, match="kindd"):
         merge_schema(LAYER_CONFIGS["bft"], bad, "layer")
+
+
+def test_bench_layer_calibrates_the_bft_block():
+    """scripts/bench_layer.py times the layer with the s₀² a calibration pass gives, not the buffer's initial 1."""
+    from tests.scripts import load_script
+
+    runner = load_script("bench_layer").LayerRunner("bft", torch.device("cpu"), False)
+    assert bool(runner.block.s0sq_ready) and not torch.allclose(runner.block.s0sq, torch.ones_like(runner.block.s0sq))
+    assert runner.block.training

@@ -34,7 +34,7 @@ from bftrec.layers.precision import gather_rows, scatter_rows, valid_rows
 from bftrec.models import MODELS, DataInfo
 from bftrec.models.bert4rec import BERT4RecBlock
 from bftrec.models.hstu import HSTUBlock
-from tests.test_bft import bft_cfg, buffers, restore
+from tests.test_bft import bft_cfg, buffers, restore, units_cfg
 
 N_ITEMS, L = 40, 12
 BACKBONES = ["bert4rec", "hstu"]
@@ -92,11 +92,12 @@ def test_variants_are_registered_and_the_contract_sees_them():
 
 
 # ------------------------------------------------------------------------------------------ §5.1
+@pytest.mark.parametrize("units", ["count", "h"])
 @pytest.mark.parametrize("name", BACKBONES)
-def test_degenerate_uniform_equals_standard_and_learned_differs(name):
+def test_degenerate_uniform_equals_standard_and_learned_differs(name, units):
     std = model(name, StandardLayerConfig(), seed=1, dropout=0.2)
-    uni = calibrated(name, bft_cfg(bft_precision="uniform"), seed=2, dropout=0.2)
-    lrn = calibrated(name, bft_cfg(), seed=3, dropout=0.2)
+    uni = calibrated(name, units_cfg(units, bft_precision="uniform"), seed=2, dropout=0.2)
+    lrn = calibrated(name, units_cfg(units), seed=3, dropout=0.2)
     for m in (uni, lrn):
         missing, unexpected = m.load_state_dict(std.state_dict(), strict=False)
         assert not unexpected and set(missing) == EXTRAS  # same native names; only the BFT extras are new
@@ -266,11 +267,13 @@ def _perturb(block, seed: int) -> None:
         block.theta_q.copy_(torch.randn(block.theta_q.shape, generator=g) - 1)
 
 
-def test_bert4rec_block_matches_float64_reference():
-    """Kriging with the padding mask, §2 update inside LN1 with λ·σ²/γ², §3 post-LN J (autograd) + Q, LN2 rule."""
+@pytest.mark.parametrize("units", ["count", "h"])
+def test_bert4rec_block_matches_float64_reference(units):
+    """Kriging with the padding mask, §2 update inside LN1 with λ·σ²/γ², §3 post-LN J (autograd) + Q, LN2 rule;
+    λ^obs = 1/Var(o) (h) or Var₁(o)/Var(o) with Var₁(o) = (W_O⊙W_O) s₀² (count, §7); λ̄^obs geometric over D (§6)."""
     torch.manual_seed(0)
     D, H, nu = 8, 2, 1.0
-    block = BFTBERT4RecBlock(D, H, 16, 0.0, 0.0, bft_cfg=BFTParams(prior_dof=nu)).eval()
+    block = BFTBERT4RecBlock(D, H, 16, 0.0, 0.0, bft_cfg=BFTParams(prior_dof=nu, units=units)).eval()
     _perturb(block, 1)
     h, lam, items, rows = _block_inputs(D)
     masks = build_masks(items, causal=False)
@@ -288,7 +291,8 @@ def test_bert4rec_block_matches_float64_reference():
     s0 = r.s0sq.view(H, -1)[None, :, None]
     var_m = (nu * s0 + n[..., None] * S) / (nu + n[..., None] - 1) / n[..., None]  # σ²/n
     var_o = var_m.transpose(1, 2).reshape(2, 5, D) @ (r.attn.out.weight ** 2).t()
-    lam_obs = 1 / var_o
+    var_1 = r.s0sq @ (r.attn.out.weight ** 2).t()  # (D,): one value at the prior scale, a = 1
+    lam_obs = 1 / var_o if units == "h" else var_1 / var_o
     o = r.attn.out(m.transpose(1, 2).reshape(2, 5, D))
     K = lam_obs / (lamd + lam_obs)
     x1 = hd + K * o * valid[..., None]
@@ -303,15 +307,17 @@ def test_bert4rec_block_matches_float64_reference():
     assert torch.allclose(h2.double()[valid], want_h2[valid], atol=1e-5, rtol=1e-4)
     assert torch.allclose(lam2.double(), want_lam2, rtol=1e-4, atol=0)
     assert torch.allclose(st["K"].double(), gather_rows(K, rows).mean(-1), rtol=1e-4, atol=1e-6)
-    assert torch.allclose(st["lam_obs"].double(), gather_rows(lam_obs, rows).mean(-1), rtol=1e-4, atol=0)
+    assert torch.allclose(st["lam_obs"].double(), gather_rows(lam_obs, rows).log().mean(-1).exp(), rtol=1e-4, atol=0)
     assert torch.allclose(st["n_eff"].double(), torch.where(valid, n.mean(1), torch.zeros_like(n[:, 0])), rtol=1e-5)
 
 
-def test_hstu_block_matches_float64_reference():
-    """Relative reliability, sandwich estimate and shrinkage, delta method through f₂(LN(m) ⊙ u), §2, §3 HSTU."""
+@pytest.mark.parametrize("units", ["count", "h"])
+def test_hstu_block_matches_float64_reference(units):
+    """Relative reliability, sandwich estimate and shrinkage, delta method through f₂(LN(m) ⊙ u), §2, §3 HSTU;
+    under count λ̂^obs = Var₁(o)/Var(o), Var₁(o)_k = Σ_c (f₂ u γ/σ_m)²_kc s₀²_c (Σ|w̃|)² (§7)."""
     torch.manual_seed(0)
     D, H, nu, T = 8, 2, 1.0, 5
-    block = BFTHSTUBlock(D, H, 0.0, 0.0, T, "max_len", 0, 0.3, bft_cfg=BFTParams(prior_dof=nu)).eval()
+    block = BFTHSTUBlock(D, H, 0.0, 0.0, T, "max_len", 0, 0.3, bft_cfg=BFTParams(prior_dof=nu, units=units)).eval()
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape) * 0.5)
@@ -344,13 +350,15 @@ def test_hstu_block_matches_float64_reference():
     mc = m.transpose(1, 2).reshape(2, T, D)
     sig_m2 = mc.var(-1, unbiased=False, keepdim=True) + r.ln2.eps
     var_o = (var_m * (u * r.ln2.weight) ** 2 / sig_m2) @ (r.f2.weight ** 2).t()
-    lam_obs = 1 / var_o
+    one = (r.s0sq.view(H, -1)[None, :, None] * (a1 ** 2)[..., None]).transpose(1, 2).reshape(2, T, D)  # s₀² a²
+    var_1 = (one * (u * r.ln2.weight) ** 2 / sig_m2) @ (r.f2.weight ** 2).t()
+    lam_obs = 1 / var_o if units == "h" else var_1 / var_o
     K = lam_obs / (lamd + lam_obs)
     want_h1 = hd + K * r.f2(_ln(mc, r.ln2) * u)
     want_lam2 = 1 / (1 / (gather_rows(lamd + lam_obs, rows)) + r.theta_q.exp())
     assert torch.allclose(h1.double()[valid], want_h1[valid], atol=1e-5, rtol=1e-4)
     assert torch.allclose(lam2.double(), want_lam2, rtol=1e-4, atol=0)
-    assert torch.allclose(st["lam_obs"].double(), gather_rows(lam_obs, rows).mean(-1), rtol=1e-4, atol=0)
+    assert torch.allclose(st["lam_obs"].double(), gather_rows(lam_obs, rows).log().mean(-1).exp(), rtol=1e-4, atol=0)
     assert torch.allclose(st["K"].double(), gather_rows(K, rows).mean(-1), rtol=1e-4, atol=1e-6)
     n_eff = torch.where(valid, n.mean(1), torch.zeros_like(n[:, 0]))
     assert torch.allclose(st["n_eff"].double(), n_eff, rtol=1e-5)
@@ -507,3 +515,53 @@ def test_precision_is_float32_under_autocast(name):
                                                 time=x["time"])
     assert lam.dtype == torch.float32 and all(la["K"].dtype == torch.float32 for la in mech["layers"])
     assert torch.isfinite(lam).all() and torch.isfinite(h.float()).all() and (lam[masks.valid] > 0).all()
+
+
+# ------------------------------------------------------------------------------------------ item-3 fixes, §5.9
+@pytest.mark.parametrize("units", ["count", "h"])
+def test_hstu_sigma_m_reads_the_undropped_estimate(units):
+    """BFT.md §4: σ_m is the spread of the estimate m, not of a dropout draw: λ^obs is the same in train and eval."""
+    torch.manual_seed(0)
+    block = BFTHSTUBlock(8, 2, 0.0, 0.5, 5, "max_len", 0, 0.3, bft_cfg=BFTParams(units=units))
+    h, lam, items, rows = _block_inputs(8, seed=3)
+    masks = build_masks(items, causal=True)
+    with torch.no_grad():
+        stats = [block.train(mode)(h, lam, masks, run=LayerRun(want_stats=True, rows=rows))[2]["lam_obs"]
+                 for mode in (True, False)]
+    torch.testing.assert_close(stats[0], stats[1])
+
+
+@pytest.mark.parametrize("name", ["sasrec"] + BACKBONES)
+def test_one_key_row_has_gain_one_half(name):
+    """BFT.md §5.9: under units=count a query with exactly one valid key has S = 0, σ² = s₀², λ̂^obs = 1 and, with
+    τ = 0, layer-0 gain K = 1/2 (causal: the first valid position; BERT4Rec: a one-item sequence)."""
+    m = calibrated(name, bft_cfg(), init_std=0.02).eval()  # s₀² from real statistics; τ₀ = 0
+    x = scoring(windows())
+    x = {k: v.clone() for k, v in x.items()}
+    x["item_seq"][3, :-1] = 0  # row 3: one item only
+    x["time"] = x["time"] * x["item_seq"].ne(0)
+    with torch.no_grad():
+        mech = m.mechanism(x) if name != "bert4rec" else _bert4rec_mech_of(m, x["item_seq"])
+    first = (mech["lam0"] > 0).float().argmax(1)  # (B,) first position with a token
+    K0 = mech["layers"][0]["K"][torch.arange(len(first)), first]
+    rows = [3] if name == "bert4rec" else list(range(len(first)))
+    torch.testing.assert_close(K0[rows], torch.full((len(rows),), 0.5), rtol=0, atol=1e-6)
+    lam_obs = mech["layers"][0]["lam_obs"][torch.arange(len(first)), first][rows]
+    torch.testing.assert_close(lam_obs, torch.ones_like(lam_obs), rtol=0, atol=2e-6)
+
+
+def _bert4rec_mech_of(m, item_seq):
+    """BERT4Rec's mechanism of ``encode(item_seq)`` itself (no appended [MASK]): row 3 then has one valid key."""
+    mech: dict = {}
+    m.encode(item_seq, mech=mech)
+    return mech
+
+
+def test_bert4rec_mask_token_starts_at_offset_zero():
+    """BFT.md §0: special tokens have their own τ, which starts at τ₀ (offset 0) under tau.freq_slope."""
+    m = model("bert4rec", bft_cfg(tau_freq_slope=1.0))
+    tau = m.stack.tau.tau.detach()[:, 0].double()  # (N + 2,)
+    counts = torch.from_numpy(info().train_counts).double()
+    want = torch.log1p(counts[1:]) - torch.log1p(counts[1:]).mean()  # real items 1..N only
+    assert tau[m.mask_id] == 0.0
+    torch.testing.assert_close(tau[1:N_ITEMS + 1], want, rtol=0, atol=1e-6)

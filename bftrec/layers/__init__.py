@@ -64,8 +64,9 @@ def masked_softmax(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 class Stack(nn.Module):
     """A plain stack of native blocks: ``forward(h, items, masks, mech=None, **ctx) -> h``.
 
-    ``items`` is unused here; the BFT stack reads it for the initial precision τ. ``mech`` is
-    accepted for interface parity and left untouched (no BFT mechanism in a standard stack).
+    ``items`` is unused here; the BFT stack reads it for the initial precision τ. ``mech`` and the
+    context key ``tau_input`` (the item embedding for BFT's τ MLP) are accepted for interface parity and
+    left untouched (no BFT mechanism in a standard stack); the other ``ctx`` keys go to every block.
     """
 
     def __init__(self, blocks: list[nn.Module]) -> None:
@@ -74,6 +75,7 @@ class Stack(nn.Module):
 
     def forward(self, h: torch.Tensor, items: torch.Tensor, masks: Masks,
                 mech: Optional[dict] = None, **ctx) -> torch.Tensor:
+        ctx.pop("tau_input", None)
         for block in self.blocks:
             h = block(h, masks, **ctx)
         return h
@@ -84,7 +86,7 @@ class StandardLayerConfig:
     name: str = "standard"  # the backbone's native block
 
 
-# name -> layer config dataclass; bftrec.layers.bft adds "bft" when imported (bftrec/models/__init__.py)
+# name -> layer config dataclass; bftrec.layers.bft adds "bft" and "bft_h" when imported (bftrec/models/__init__.py)
 LAYER_CONFIGS: dict[str, type] = {"standard": StandardLayerConfig}
 # name -> builder(layer_cfg, block_cls, n_layers, n_tokens, block_kwargs) -> stack module
 LAYER_BUILDERS: Registry = Registry("layer")

@@ -47,10 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bftrec.config import ConfigError, check_choice
+from bftrec.config import ConfigError, check_choice, upgrade_legacy_layer  # noqa: F401  (re-exported)
 from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
 from bftrec.layers.precision import (
     gather_rows,
+    geometric_mean_d,
     kalman_precision,
     kriging_bias,
     observe_precision,
@@ -65,19 +66,23 @@ from bftrec.registry import Registry
 log = logging.getLogger(__name__)
 
 TAU_KINDS = ("item", "mlp")
-TAU_SCALES = ("embedding", "unit")
+UNITS = ("count", "h")
+# the valid tau.scale values of each bft.units (BFT.md §0, §7)
+TAU_SCALES = {"count": ("count", "mean_count"), "h": ("embedding", "unit")}
 PRECISION_MODES = ("learned", "uniform")
 
 
 # --------------------------------------------------------------------------------------------------
-# Config (configs/layer/bft.yaml; keys read like BFT.md)
+# Config (configs/layer/bft.yaml, configs/layer/bft_h.yaml; keys read like BFT.md)
 # --------------------------------------------------------------------------------------------------
 @dataclass
 class TauConfig:
-    """Initial precision ``λ⁰ = exp(τ)`` (BFT.md §0)."""
+    """Initial precision ``λ⁰ = exp(τ)`` (BFT.md §0, §7)."""
 
-    kind: str = "item"          # item: learned table (n_tokens, dims) [paper]; mlp: τ₀ + MLP(embedded input) [paper]
-    scale: str = "embedding"    # embedding: τ₀ = log(1/v₀) [bftrec]; unit: τ₀ = 0
+    kind: str = "item"          # item: learned table (n_tokens, dims) [paper]; mlp: τ₀ + MLP(item embedding) [paper]
+    scale: str = "count"        # where τ starts [bftrec]. units=count: count (τ₀ = 0, one observation) |
+    #                             mean_count (τ₀ = log n̄, set by calibration);
+    #                             units=h: embedding (τ₀ = log(1/v₀)) | unit (τ₀ = 0)
     dims: int = 1               # 1 (broadcast over D) or D (one τ per coordinate)
     freq_slope: float = 0.0     # adds slope·(log(1+count) − mean) to the starting τ [bftrec]
     mlp_hidden: int = 16        # hidden width of the τ MLP (kind=mlp)
@@ -85,8 +90,9 @@ class TauConfig:
 
 @dataclass
 class BFTParams:
-    """Filtering settings (BFT.md §1–§3)."""
+    """Filtering settings (BFT.md §1–§3, §7)."""
 
+    units: str = "count"                # count: precision counted in observations (§7, v2) | h: in the units of h (v1)
     precision: str = "learned"          # learned | uniform (zero attention bias and K=1; λ still computed)
     prior_dof: float = 1.0              # ν₀ of the scaled-inverse-χ² prior, > 0, not learned
     s0_momentum: float = 0.01           # EMA momentum of the s₀² buffers, in (0, 1]
@@ -98,19 +104,49 @@ class BFTParams:
 
 @dataclass
 class BFTLayerConfig:
+    """``layer=bft``: the BFT twin of the backbone's block, v2 defaults (``bft.units=count``, BFT.md §7).
+
+    Raises:
+        ConfigError: on construction (hence when a yaml is merged into it, at start), for a bad
+            ``units``, ``tau.scale`` or any other value ``check_bft_config`` refuses.
+    """
+
     name: str = "bft"
     tau: TauConfig = field(default_factory=TauConfig)
     bft: BFTParams = field(default_factory=BFTParams)
 
+    def __post_init__(self) -> None:
+        check_bft_config(self)
+
+
+@dataclass
+class BFTHLayerConfig(BFTLayerConfig):
+    """``layer=bft_h``: the same layer with v1 defaults, precision in the units of ``h`` (ablation, BFT.md §0)."""
+
+    name: str = "bft_h"
+    tau: TauConfig = field(default_factory=lambda: TauConfig(scale="embedding"))
+    bft: BFTParams = field(default_factory=lambda: BFTParams(units="h"))
+
 
 LAYER_CONFIGS["bft"] = BFTLayerConfig
+LAYER_CONFIGS["bft_h"] = BFTHLayerConfig
 
 
 def check_bft_config(cfg: BFTLayerConfig, d_model: Optional[int] = None) -> None:
     """Validate a BFT layer config; raise a one-line ``ConfigError`` naming key, value and valid choices."""
     t, b = cfg.tau, cfg.bft
     check_choice(t.kind, TAU_KINDS, "layer.tau.kind")
-    check_choice(t.scale, TAU_SCALES, "layer.tau.scale")
+    check_choice(b.units, UNITS, "layer.bft.units")
+    valid = TAU_SCALES[b.units]
+    if t.scale not in valid:
+        other = next(u for u in UNITS if u != b.units)
+        if t.scale in TAU_SCALES[other]:
+            hint = " (or use layer=bft_h)" if other == "h" else ""
+            raise ConfigError(f"layer.tau.scale={t.scale} belongs to layer.bft.units={other}, not to "
+                              f"layer.bft.units={b.units}; set layer.bft.units={other}{hint}, or choose "
+                              f"layer.tau.scale from {', '.join(valid)}")
+        raise ConfigError(f"layer.tau.scale={t.scale!r} is not valid under layer.bft.units={b.units}; choose one of "
+                          f"{', '.join(valid)} (layer.bft.units={other}: {', '.join(TAU_SCALES[other])})")
     check_choice(b.precision, PRECISION_MODES, "layer.bft.precision")
     if not b.prior_dof > 0:
         raise ConfigError(f"layer.bft.prior_dof={b.prior_dof} is not valid; it must be > 0 (ν₀, e.g. 1)")
@@ -134,8 +170,10 @@ def starting_tau(cfg: TauConfig, n_tokens: int, precision_ctx: dict) -> torch.Te
     """Starting log-precision per token id [bftrec] (BFT.md §0, "Scale" and ``tau.freq_slope``).
 
     ``τ₀ = log(1/v₀)`` (``tau.scale=embedding``, ``v₀ = precision_ctx["input_variance"]``) or 0
-    (``unit``), plus ``slope · (log(1+count) − mean over real items)`` with training counts
-    ``precision_ctx["train_counts"]`` ((N+1,) int64; ids beyond it, the specials, count as offset 0).
+    (``unit``; under ``bft.units=count`` both ``count`` and ``mean_count``, whose ``log n̄`` the
+    calibration pass adds, ``BFTStack.calibration``), plus ``slope · (log(1+count) − mean over real
+    items)`` with training counts ``precision_ctx["train_counts"]`` ((N+1,) int64, real items only;
+    ids beyond it, the specials, keep offset 0).
 
     Returns:
         (n_tokens,) float32.
@@ -171,11 +209,11 @@ class InitialPrecision(nn.Module):
     padding id 0 (its row is unused: padding is λ=0 through the mask) and every special token (such as
     BERT4Rec's ``[MASK]``), which therefore has its own learned τ.
 
-    ``tau.kind=mlp``: ``τ = τ_start[x] + MLP(e)`` with hidden ``tau.mlp_hidden`` (GELU) and the last
-    layer zero at start. [bftrec] The stack does not see the item embedding, so ``e`` is the embedded
-    layer-0 input ``h`` (item plus position embedding, after embedding dropout), unless the backbone
-    passes ``tau_input=`` (B, L, D) to the stack. ``τ_start`` (a buffer) holds τ₀ and the fixed
-    ``freq_slope`` offset.
+    ``tau.kind=mlp``: ``τ = τ_start[x] + MLP(e_x)`` with hidden ``tau.mlp_hidden`` (GELU) and the last
+    layer zero at start. ``e_x`` is the item embedding only, without dropout: positions add no
+    precision (BFT.md §0). The backbone hands it to the stack as ``tau_input=`` (a callable
+    ``items (B, L) int64 -> (B, L, D)``, called only for ``kind=mlp``, or a tensor). ``τ_start`` (a
+    buffer) holds τ₀ and the fixed ``freq_slope`` offset.
 
     All parameters are plain ``nn.Parameter``s so that backbone initialisers (which re-init
     ``nn.Linear`` / ``nn.Embedding``) never touch them.
@@ -199,12 +237,17 @@ class InitialPrecision(nn.Module):
         """(n_tokens,) float32 τ at start (item: the table's current mean over dims)."""
         return (self.tau.mean(1) if self.kind == "item" else self.tau_start).detach()
 
+    @torch.no_grad()
+    def shift_(self, delta: float) -> None:
+        """Add ``delta`` to every token's τ (``tau.scale=mean_count``: ``τ₀ = log n̄``, BFT.md §7)."""
+        (self.tau if self.kind == "item" else self.tau_start).add_(delta)
+
     def forward(self, items: torch.Tensor, emb: Optional[torch.Tensor] = None) -> torch.Tensor:
         """items (...) int64 [, emb (..., D)] -> τ (..., dims) float32 (log-precision)."""
         if self.kind == "item":
             return F.embedding(items, self.tau).float()  # (..., dims)
         if emb is None:
-            raise ValueError("tau.kind=mlp needs the embedded input")
+            raise ValueError("tau.kind=mlp needs the item embedding: the backbone must pass tau_input= to the stack")
         hid = F.gelu(F.linear(emb.float(), self.mlp_w1.float(), self.mlp_b1.float()))  # (..., hid)
         return self.tau_start[items][..., None] + F.linear(hid, self.mlp_w2, self.mlp_b2)  # (..., dims)
 
@@ -302,7 +345,8 @@ class BFTBlockMixin:
                         rows: torch.Tensor, stats: dict) -> tuple:
         """Observe (BFT.md §1), shared by the SASRec twin (``x = LN1(h)``, pre-LN) and the BERT4Rec twin
         (``x = h``, post-LN): precision-weighted kriging attention, REML + inverse-χ² precision of the
-        estimate, and the delta method through ``W_O``.
+        estimate, and the delta method through ``W_O`` (``G = W_O``; under ``bft.units=count`` the
+        precision is ``Var₁(o)/Var(o)``, §7).
 
         Args:
             x: (B, T, D) float attention input; lam: (n, D) float32 precision rows of ``rows``;
@@ -340,7 +384,8 @@ class BFTBlockMixin:
                     return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
             m_u, lam_obs, a2, prior = observe_precision(
                 a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
-                want_prior=self.training and not run.calibrate, set_prior=setter)  # lam_obs (n, D)
+                want_prior=self.training and not run.calibrate, set_prior=setter,
+                count=cfg.units == "count")  # lam_obs (n, D)
             if prior is not None and not run.calibrate:
                 stats["prior"] = prior
         _record(run.probe, "lam_obs", lam_obs)
@@ -377,7 +422,8 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
         α̃ = masked_softmax(q kᵀ/√d + log λ̄_key)                     # kriging weights [paper]
         m, S = α̃ @ [v, v⊙v] (expanded square); n from Σα̃², Σα̃(1−α̃)  # [paper; form bftrec]
         Var(m) = σ²/n, σ² = (ν₀s₀² + nS)/(ν₀ + n − 1)                # REML + inv-χ² [paper; form bftrec]
-        λ^obs = 1 / ((W_O⊙W_O) Var(m))                               # delta method [paper]
+        λ^obs = 1 / ((W_O⊙W_O) Var(m))                               # delta method [paper] (units=h)
+        λ̂^obs = ((W_O⊙W_O) s₀²) / ((W_O⊙W_O) Var(m))                # units=count: in observations (§7)
         K = λ^obs/(λ + λ^obs); h' = h + K⊙drop(W_O drop(α̃) v); λ' = λ + λ^obs   # [paper]
         h'' = h' + drop(FFN(LN2 h')); λ'' = ((1+J)²/λ' + Q)⁻¹         # [paper]; J exact [bftrec]
 
@@ -404,8 +450,9 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
             run: ``LayerRun`` flags from the stack; ``run.rows`` None = computed from ``masks.valid``.
         Returns:
             h'' (B, T, D); λ'' (n, D) float32 rows or None when ``run.need_lam`` is False; stats dict with
-            ``prior`` ((H, d) total, (H,) count) in training, and ``K``, ``lam_obs`` (n,) float32 row
-            means over D and ``n_eff`` (B, T) float32 when ``run.want_stats``.
+            ``prior`` ((H, d) total, (H,) count) in training, and ``K`` (n,) float32 row means over D,
+            ``lam_obs`` (n,) float32 row geometric means over D (λ̄, BFT.md §6) and ``n_eff`` (B, T) float32
+            when ``run.want_stats``.
         """
         run = run or LayerRun()
         cfg = self.bft_cfg
@@ -449,20 +496,20 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
             _record(run.probe, "lam2", lam2)
         if run.want_stats:
             n_eff = torch.where(ok, 1.0 / torch.where(ok, a2, torch.ones_like(a2)), torch.zeros_like(a2))  # (B, H, T)
-            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": lam_obs.detach().mean(-1),
+            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": geometric_mean_d(lam_obs.detach()),
                           "n_eff": n_eff.detach().mean(1)})
         return h2, lam2, stats
 
 
-def bft_variant_for(block_cls: type) -> type:
-    """The BFT variant registered for a native block class.
+def bft_variant_for(block_cls: type, layer: str = "bft") -> type:
+    """The BFT variant registered for a native block class (``layer`` names the request in the error).
 
     Raises:
         ConfigError: ``layer=bft is not available for <Block>; BFT variants exist for: ...``.
     """
     name = block_cls.__name__
     if name not in BFT_VARIANTS or not issubclass(BFT_VARIANTS.get(name), block_cls):
-        raise ConfigError(f"layer=bft is not available for {name}; BFT variants exist for: "
+        raise ConfigError(f"layer={layer} is not available for {name}; BFT variants exist for: "
                           f"{', '.join(BFT_VARIANTS.names())}")
     return BFT_VARIANTS.get(name)
 
@@ -471,12 +518,13 @@ def bft_variant_for(block_cls: type) -> type:
 # Stack
 # --------------------------------------------------------------------------------------------------
 class BFTStack(nn.Module):
-    """A stack of BFT blocks carrying ``(h, λ)`` from layer to layer (BFT.md "Notation", §0–§3, §6).
+    """A stack of BFT blocks carrying ``(h, λ)`` from layer to layer (BFT.md "Notation", §0–§3, §6, §7).
 
     ``forward(h, items, masks, mech=None, **ctx) -> h``, the same signature as the standard ``Stack``.
     λ is carried as (n, D) float32 rows of the valid positions (``bftrec.layers.precision``);
     ``forward_with_precision`` returns it as (B, L, D), exactly 0 on padding. ``ctx`` may hold
-    ``tau_input`` (B, L, D), the input of the τ MLP (``tau.kind=mlp``; default: the stack input ``h``).
+    ``tau_input``, the item embedding the τ MLP reads (``tau.kind=mlp``, ``InitialPrecision``): a
+    callable ``items (B, L) int64 -> (B, L, D)`` or a (B, L, D) tensor; the other keys go to the blocks.
 
     Attributes:
         blocks: ``nn.ModuleList`` of BFT blocks (the backbone may re-initialise their native weights).
@@ -498,20 +546,25 @@ class BFTStack(nn.Module):
         self.cfg = cfg
         self.probe: Optional[dict] = None
         self._calibrating = False
+        self._tau0_set = cfg.tau.scale != "mean_count"  # mean_count: the first calibration sets τ₀ = log n̄
 
     @property
     def width(self) -> int:
         return self.blocks[0].width
 
-    def initial_precision(self, items: torch.Tensor, rows: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """λ⁰ rows (BFT.md §0): (B, L) int64 items, (n,) valid rows, (B, L, D) embedded input -> (n, D) float32.
+    def initial_precision(self, items: torch.Tensor, rows: torch.Tensor, tau_input=None) -> torch.Tensor:
+        """λ⁰ rows (BFT.md §0): (B, L) int64 items, (n,) valid rows -> (n, D) float32.
 
-        ``exp(clamp(τ))`` on the valid positions; padding has no row (``λ = 0``). Positions add no precision.
+        ``exp(clamp(τ))`` on the valid positions; padding has no row (``λ = 0``). Positions add no
+        precision: the τ MLP reads the item embedding ``tau_input`` (see the class docstring) only.
         """
         lo, hi = self.cfg.bft.clamp_min, self.cfg.bft.clamp_max
-        if self.cfg.bft.detach_precision_grad:
-            emb = emb.detach()
-        emb_r = gather_rows(emb, rows) if self.tau.kind == "mlp" else None  # (n, D)
+        emb_r = None
+        if self.tau.kind == "mlp":
+            emb = tau_input(items) if callable(tau_input) else tau_input  # (B, L, D) or None
+            if emb is not None:
+                emb = emb.detach() if self.cfg.bft.detach_precision_grad else emb
+                emb_r = gather_rows(emb, rows)  # (n, D)
         tau = self.tau(items.reshape(-1)[rows], emb_r)  # (n,) item ids -> (n, dims)
         lam0 = tau.clamp(math.log(lo), math.log(hi)).exp()  # (n, dims)
         return lam0.expand(len(rows), self.width)  # (n, dims) -> (n, D)
@@ -534,24 +587,34 @@ class BFTStack(nn.Module):
         λ travels as (n, D) rows of the valid positions (``bftrec.layers.precision``); returns
         ``(h (B, L, D), λ (n, D) rows or None)``.
 
-        ``mech`` (if a dict) receives, in the format of ``bftrec.mechanism``: ``lam0`` (B, L) float32
-        (λ⁰ mean over D, 0 on padding) and ``layers``: per layer ``K``, ``lam_obs`` (B, L) float32 means
-        over D, ``n_eff`` (B, L) float32 Kish n mean over heads (0 on padding), ``Q`` (D,) float32.
+        ``mech`` (if a dict) receives, in the format of ``bftrec.mechanism``: ``units`` (str, ``bft.units``),
+        ``lam0`` (B, L) float32 (λ̄⁰, the geometric mean of λ⁰ over D, 0 on padding) and ``layers``: per
+        layer ``K`` (B, L) float32 mean over D, ``lam_obs`` (B, L) float32 λ̄^obs (geometric mean over D,
+        BFT.md §6), ``n_eff`` (B, L) float32 Kish n mean over heads (0 on padding), ``Q`` (D,) float32.
         """
         valid = masks.valid  # (B, L)
         B, L = valid.shape
         rows = valid_rows(valid)  # (n,) flat indices of the valid positions, once per forward
-        emb = ctx.pop("tau_input", h)
-        lam = self.initial_precision(items, rows, emb)  # (n, D) float32 rows
+        tau_input = ctx.pop("tau_input", None)
+        lam = self.initial_precision(items, rows, tau_input)  # (n, D) float32 rows
         want = mech is not None or self._calibrating
         if mech is not None:
-            mech["lam0"] = scatter_rows(lam.detach().mean(-1), rows, B, L)  # (B, L)
+            mech["units"] = self.cfg.bft.units
+            mech["lam0"] = scatter_rows(geometric_mean_d(lam.detach()), rows, B, L)  # (B, L)
             mech["layers"] = []
         pending, n = [], len(self.blocks)
         for i, block in enumerate(self.blocks):
             flags = LayerRun(calibrate=self._calibrating, need_lam=need_lam or i < n - 1, want_stats=want,
                              probe=self.probe, rows=rows)
-            h, lam, stats = block(h, lam, masks, run=flags, **ctx)
+            h_in = h
+            h, lam_next, stats = block(h, lam, masks, run=flags, **ctx)
+            if i == 0 and self._calibrating and not self._tau0_set and len(rows):
+                # tau.scale=mean_count (BFT.md §7): layer-0 λ̂^obs does not depend on τ (the kriging bias and
+                # HSTU's relative reliability ignore a common scale), so set τ₀ = log n̄ now and rerun layer 0
+                self._set_mean_count_start(float(stats["lam_obs"].mean()))
+                lam = self.initial_precision(items, rows, tau_input)
+                h, lam_next, stats = block(h_in, lam, masks, run=flags, **ctx)
+            lam = lam_next
             if "prior" in stats:
                 pending.append((block, stats["prior"]))
             if mech is not None:
@@ -566,12 +629,30 @@ class BFTStack(nn.Module):
                 block.update_prior(total, count)
         return h, lam
 
+    def _set_mean_count_start(self, n_bar: float) -> None:
+        """``tau.scale=mean_count``: ``τ₀ = log n̄`` and ``Q̂₀ = q_init_ratio/mean λ⁰`` (``0.1/n̄``) (BFT.md §7).
+
+        ``n̄`` is the mean over the calibration batch's valid positions of the layer-0 λ̄̂^obs (each
+        position's geometric mean over D, as every λ summary here, BFT.md §6). Applied once per model:
+        a later calibration keeps τ (it is a learned parameter by then).
+        """
+        if not (math.isfinite(n_bar) and n_bar > 0):
+            log.warning("tau.scale=mean_count: layer-0 mean lambda_obs %r is not positive; tau stays at 0", n_bar)
+            return
+        self.tau.shift_(math.log(n_bar))
+        q0 = set_process_noise(self.blocks, self.tau, self.cfg)
+        self._tau0_set = True
+        log.info("BFT tau.scale=mean_count: n_bar %.4g, tau0 = log n_bar = %.4f, Q0 %.4g", n_bar,
+                 math.log(n_bar), q0)
+
     @contextlib.contextmanager
     def calibration(self) -> Iterator[None]:
         """Forwards under this context set each layer's ``s₀²`` from the batch, layer by layer (BFT.md §1).
 
-        Use once, with no grad, on one training batch before the first step (``SeqRecModel.calibrate``).
-        Layer ``l`` is calibrated on the states produced by the already calibrated layers ``< l``.
+        Use once, with no grad and no dropout, on one training batch before the first step
+        (``SeqRecModel.calibrate``). Layer ``l`` is calibrated on the states produced by the already
+        calibrated layers ``< l``. Under ``tau.scale=mean_count`` the first calibration also sets τ's
+        start and θ_Q (``_set_mean_count_start``, BFT.md §7); without it τ stays at 0.
         """
         prev, self._calibrating = self._calibrating, True
         try:
@@ -590,37 +671,48 @@ def bft_overhead(cfg: BFTLayerConfig, n_tokens: int, n_layers: int, d_model: int
     return tau + n_layers * d_model
 
 
+def set_process_noise(blocks, tau: InitialPrecision, cfg: BFTLayerConfig) -> float:
+    """``Q = q_init_ratio / mean λ⁰`` in every block and coordinate (BFT.md §0 "Process noise"); returns Q.
+
+    The mean is over the starting λ⁰ of all non-padding token ids.
+    """
+    lam0_mean = float(tau.start_values()[1:].exp().mean())
+    q0 = cfg.bft.q_init_ratio / lam0_mean
+    with torch.no_grad():
+        for blk in blocks:
+            blk.theta_q.fill_(math.log(q0))
+    return q0
+
+
 @LAYER_BUILDERS.register("bft")
+@LAYER_BUILDERS.register("bft_h")
 def build_bft_stack(layer_cfg: BFTLayerConfig, block_cls: type, n_layers: int, n_tokens: int, block_kwargs: dict,
                     precision_ctx: dict) -> BFTStack:
     """Build a ``BFTStack`` of the BFT variant of ``block_cls`` (see ``bftrec.layers.build_stack``).
 
-    Sets ``Q = q_init_ratio / mean λ⁰`` in every layer and coordinate (BFT.md §0 "Process noise"),
-    with the mean of the starting λ⁰ over all non-padding token ids.
+    ``layer=bft`` and ``layer=bft_h`` (v1 defaults) share this builder. Sets ``Q = q_init_ratio /
+    mean λ⁰`` in every layer and coordinate (``set_process_noise``).
 
     Raises:
         ConfigError: a bad config value, or no BFT variant for ``block_cls``.
     """
     check_bft_config(layer_cfg)
-    variant = bft_variant_for(block_cls)
+    variant = bft_variant_for(block_cls, layer_cfg.name)
     blocks = [variant(**block_kwargs, bft_cfg=layer_cfg.bft) for _ in range(n_layers)]
     D = blocks[0].width
     check_bft_config(layer_cfg, D)
     tau = InitialPrecision(layer_cfg.tau, n_tokens, D, starting_tau(layer_cfg.tau, n_tokens, precision_ctx))
-    lam0_mean = float(tau.start_values()[1:].exp().mean())
-    q0 = layer_cfg.bft.q_init_ratio / lam0_mean
-    with torch.no_grad():
-        for blk in blocks:
-            blk.theta_q.fill_(math.log(q0))
-    log.info("BFT stack: %d x %s, tau=%s/%s dims %d, mean lambda0 %.4g, Q0 %.4g, +%d parameters",
-             n_layers, variant.__name__, layer_cfg.tau.kind, layer_cfg.tau.scale, layer_cfg.tau.dims, lam0_mean,
-             q0, bft_overhead(layer_cfg, n_tokens, n_layers, D))
+    q0 = set_process_noise(blocks, tau, layer_cfg)
+    log.info("BFT stack: %d x %s, units=%s, tau=%s/%s dims %d, mean lambda0 %.4g, Q0 %.4g, +%d parameters",
+             n_layers, variant.__name__, layer_cfg.bft.units, layer_cfg.tau.kind, layer_cfg.tau.scale,
+             layer_cfg.tau.dims, layer_cfg.bft.q_init_ratio / q0, q0, bft_overhead(layer_cfg, n_tokens, n_layers, D))
     return BFTStack(blocks, tau, layer_cfg)
 
 
-__all__ = ["TauConfig", "BFTParams", "BFTLayerConfig", "check_bft_config", "starting_tau", "InitialPrecision",
-           "LayerRun", "BFTBlockMixin", "BFT_VARIANTS", "register_variant", "BFTSASRecBlock", "bft_variant_for",
-           "BFTStack", "bft_overhead", "build_bft_stack"]
+__all__ = ["TauConfig", "BFTParams", "BFTLayerConfig", "BFTHLayerConfig", "UNITS", "TAU_SCALES", "check_bft_config",
+           "upgrade_legacy_layer", "starting_tau", "InitialPrecision", "LayerRun", "BFTBlockMixin", "BFT_VARIANTS",
+           "register_variant", "BFTSASRecBlock", "bft_variant_for", "BFTStack", "bft_overhead", "set_process_noise",
+           "build_bft_stack"]
 
 # The post-LN (BERT4Rec) and sandwich (HSTU) variants live in their own module; importing it here
 # registers them whenever ``layer=bft`` exists (``bftrec.models`` imports this module).

@@ -30,7 +30,9 @@ from bftrec.layers.precision import (
     ffn_jacobian_diag,
     gather_head_rows,
     gather_rows,
+    geometric_mean_d,
     kalman_precision,
+    kish_b,
     layernorm_precision,
     log_mean_precision,
     output_precision,
@@ -94,7 +96,8 @@ class BFTBERT4RecBlock(BFTBlockMixin, BERT4RecBlock):
             h: (B, T, D) float; lam: (n, D) float32 λ rows of ``run.rows``; masks: padding-only ``Masks``.
         Returns:
             h'' (B, T, D); λ'' (n, D) float32 or None (``run.need_lam`` False); stats (``prior`` in
-            training; ``K``, ``lam_obs`` (n,) row means and ``n_eff`` (B, T) when ``run.want_stats``).
+            training; ``K`` (n,) row means, ``lam_obs`` (n,) row geometric means and ``n_eff`` (B, T) when
+            ``run.want_stats``).
         """
         run = run or LayerRun()
         cfg = self.bft_cfg
@@ -147,7 +150,7 @@ class BFTBERT4RecBlock(BFTBlockMixin, BERT4RecBlock):
                 lam2 = layernorm_precision(lam_pred, x2_r, g2, self.ln2.eps, lo, hi)  # (n, D)
             _record(run.probe, "lam2", lam2)
         if run.want_stats:
-            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": lam_obs.detach().mean(-1),
+            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": geometric_mean_d(lam_obs.detach()),
                           "n_eff": _kish_n(a2, ok.expand_as(a2)).detach()})
         return h2, lam2, stats
 
@@ -188,7 +191,7 @@ def sandwich_stats(wt: torch.Tensor, v: torch.Tensor):
       the expanded square in one batched matmul of ``p²`` with ``[v, v⊙v]`` (no (B, H, T, T, d) tensor),
       clamped at ``≥ 0``. Returned as ``M/a₁²`` (scale-free, no underflow of tiny weights);
     - ``a2 = Σ p² = Σw̃²/a₁²`` (``n = (Σ|w̃|)²/Σw̃² = 1/a2``) and ``b = Σ p(1 − p)`` (``n − 1 = b/a2``,
-      elementwise, never by subtraction, as BFT.md §1), as ``precision.kish_sums(p)``.
+      elementwise, never by subtraction, as BFT.md §1), as ``precision.kish_sums(p)`` (``kish_b``).
 
     A row with ``a₁ = 0`` (no valid key) gives all zeros and must be masked by the caller.
 
@@ -204,7 +207,7 @@ def sandwich_stats(wt: torch.Tensor, v: torch.Tensor):
     p = aw / torch.where(a1 > 0, a1, torch.ones_like(a1))[..., None]  # (B, H, T, T), rows sum to 1 or 0
     c = p @ v  # (B, H, T, d)
     p2 = p * p  # (B, H, T, T) = W²/a₁², shared by the Kish sums and the moments
-    a2, b = p2.sum(-1), (p - p2).sum(-1)  # precision.kish_sums(p), reusing p²
+    a2, b = p2.sum(-1), kish_b(p)  # precision.kish_sums(p), reusing p²; b = Σ p(1 − p), exact to rounding
     mom = p2 @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d) = [W²v, W²v²] / a₁²
     meat = torch.relu(mom[..., d:] - 2.0 * c * mom[..., :d] + c * c * a2[..., None])  # M / a₁²
     return c, meat, a1, a2, b
@@ -241,21 +244,26 @@ def sandwich_variance(meat: torch.Tensor, a1: torch.Tensor, a2: torch.Tensor, b:
 
 def gated_output_precision(var_m: torch.Tensor, u: torch.Tensor, m: torch.Tensor, ln_weight: torch.Tensor,
                            ln_eps: float, w_f2: torch.Tensor, lo: float, hi: float,
-                           has_key: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``λ^obs = 1/Var(o)`` for ``o = f₂(LN(m) ⊙ u)`` [paper: delta method; form bftrec] (BFT.md §4 "Output").
+                           has_key: Optional[torch.Tensor] = None,
+                           one_obs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Observation precision for ``o = f₂(LN(m) ⊙ u)`` [paper: delta method; form bftrec] (BFT.md §4 "Output", §7).
 
-    Diagonal LayerNorm approximation: ``Var(o)_k = Σ_c (f₂[k,c] · u_c · γ_c/σ_m)² Var(m)_c`` with
-    ``σ_m = sqrt(var(m) + eps)`` per token: one matmul with ``f₂ ⊙ f₂`` (``precision.output_precision``).
+    Diagonal LayerNorm approximation: ``G_t[k,c] = f₂[k,c] · u_tc · γ_c/σ_m,t`` with
+    ``σ_m = sqrt(var(m) + eps)`` per token of the undropped ``m``, ``Var(o)_k = Σ_c G[k,c]² Var(m)_c``:
+    one matmul with ``f₂ ⊙ f₂`` (``precision.output_precision``). ``bft.units=h``: ``λ^obs = 1/Var(o)``;
+    ``count`` (``one_obs`` given): ``λ̂^obs = Var₁(o)/Var(o)``, ``Var₁(o)_k = Σ_c G[k,c]² s₀²_c a_t²``.
 
     Args:
-        var_m: (n, D) rows, heads concatenated; u: (n, D) gate rows; m: (n, D) LN input rows;
-        ln_weight: (D,) γ of LN2; w_f2: (D, D) ``f2.weight``; has_key: optional (n,) bool.
+        var_m: (n, D) rows, heads concatenated; u: (n, D) gate rows; m: (n, D) LN input rows (undropped);
+        ln_weight: (D,) γ of LN2; w_f2: (D, D) ``f2.weight``; has_key: optional (n,) bool;
+        one_obs: optional (n, D) ``s₀²_c a_t²`` rows (``a_t = Σ_j |w̃_tj|`` of the head of coordinate c).
     Returns:
-        (n, D) float, ``Var(o)`` clamped to ``[lo, hi]``.
+        (n, D) float; under ``h`` ``Var(o)`` is clamped to ``[lo, hi]``, under ``count`` the ratio.
     """
     inv_var = torch.rsqrt(m.var(-1, unbiased=False, keepdim=True) + ln_eps)  # (n, 1) = 1/σ_m
     g = u * ln_weight * inv_var  # (n, D)
-    return output_precision(var_m * g * g, w_f2, lo, hi, has_key)
+    g2 = g * g
+    return output_precision(var_m * g2, w_f2, lo, hi, has_key, None if one_obs is None else one_obs * g2)
 
 
 @register_variant(HSTUBlock)
@@ -270,7 +278,8 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
         m = drop(w̃) @ v                                                  # estimate
         c = |w̃| v/Σ|w̃|; M = W²v² − 2c W²v + c² ΣW², W² = w̃⊙w̃             # sandwich HC0 [paper; form bftrec]
         n = (Σ|w̃|)²/Σw̃²; σ² = (ν₀s₀² + n M/Σw̃²)/(ν₀ + n − 1); Var(m) = σ² Σw̃²
-        λ^obs = 1/((f₂⊙f₂)(Var(m) ⊙ (u γ/σ_m)²))                         # delta method, diagonal LN
+        λ^obs = 1/((f₂⊙f₂)(Var(m) ⊙ (u γ/σ_m)²))                         # delta method, diagonal LN (units=h)
+        λ̂^obs = (f₂⊙f₂)(s₀² a² ⊙ (u γ/σ_m)²) / idem(Var(m)), a = Σ|w̃|    # units=count (§7); σ_m of undropped m
         K = λ^obs/(λ + λ^obs); h' = h + K ⊙ f₂(drop(LN2(m) ⊙ u)); λ' = λ + λ^obs   # §2 [paper]
         λ'' = (1/λ' + Q)⁻¹                                               # §3, HSTU: no FFN [paper]
 
@@ -333,15 +342,25 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
             if prior is not None and not run.calibrate:
                 stats["prior"] = prior
             del meat
-        m = self.attn.attn_drop(wt.to(v.dtype) if learned else w) @ v  # (B, H, T, d), native dropout
+        w_v = wt.to(v.dtype) if learned else w  # (B, H, T, T)
+        m = self.attn.attn_drop(w_v) @ v  # (B, H, T, d), native dropout
         m = m.transpose(1, 2).reshape(B, T, D)  # (B, H, T, d) -> (B, T, D)
+        if self.training and self.attn.attn_drop.p > 0:  # σ_m of §4 is a property of the estimate, not of a draw
+            m_u = (w_v @ v).transpose(1, 2).reshape(B, T, D)  # (B, H, T, d) -> (B, T, D), undropped
+        else:
+            m_u = m
         with _fp32(dev):
-            u_r, m_r = gather_rows(u, rows).float(), gather_rows(m, rows).float()  # (n, D)
+            u_r, m_r = gather_rows(u, rows).float(), gather_rows(m_u, rows).float()  # (n, D)
             g2, w_f2 = self.ln2.weight.float(), self.f2.weight.float()
             if detach:
                 u_r, m_r, g2, w_f2 = u_r.detach(), m_r.detach(), g2.detach(), w_f2.detach()
+            one_obs = None
+            if cfg.units == "count":  # Var₁(o): one value at the prior scale, a_t = Σ_j |w̃_tj| (BFT.md §7)
+                s0_used = self.s0sq.float().view(H, d) if run.calibrate else s0sq  # (H, d), as sandwich_variance used
+                a1_r = torch.where(ok_r, gather_head_rows(a1, rows), torch.zeros_like(ok_r, dtype=a1.dtype))  # (n, H)
+                one_obs = (s0_used[None] * (a1_r * a1_r)[..., None]).reshape(-1, D)  # (n, H, d) -> (n, D)
             lam_obs = gated_output_precision(var_m.reshape(-1, D), u_r, m_r, g2, self.ln2.eps, w_f2, lo, hi,
-                                             ok_r.any(1))  # (n, D)
+                                             ok_r.any(1), one_obs)  # (n, D)
         _record(run.probe, "lam_obs", lam_obs)
         o = self.f2(self.drop(self.ln2(m) * u))  # (B, T, D): the native output, dropout included
 
@@ -359,6 +378,6 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
                 lam2 = predict_precision(lam1, None, self.process_noise(), lo, hi)  # (n, D)
             _record(run.probe, "lam2", lam2)
         if run.want_stats:
-            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": lam_obs.detach().mean(-1),
+            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": geometric_mean_d(lam_obs.detach()),
                           "n_eff": _kish_n(a2, ok).detach()})
         return h1, lam2, stats

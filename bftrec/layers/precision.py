@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 __all__ = [
     "valid_rows", "gather_rows", "scatter_rows", "gather_head_rows",
-    "log_mean_precision", "kriging_bias", "kriging_moments", "kish_sums", "kriging_stats", "reml_shrinkage",
+    "log_mean_precision", "geometric_mean_d", "kriging_bias", "kriging_moments", "kish_b", "kish_sums",
+    "kriging_stats", "reml_shrinkage",
     "prior_statistic", "output_precision", "observe_precision",
     "kalman_gain", "kalman_precision", "kalman_update",
     "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag", "prenorm_ffn_jacobian_diag_fused",
@@ -75,6 +76,15 @@ def log_mean_precision(lam: torch.Tensor, lo: float = 1e-8, hi: float = 1e8) -> 
     return torch.log(lam).mean(-1).clamp(math.log(lo), math.log(hi))
 
 
+def geometric_mean_d(x: torch.Tensor) -> torch.Tensor:
+    """``exp(mean_D log x)``, the per-token summary ``λ̄`` of BFT.md "Notation" and §6, without clamps.
+
+    For reporting (mechanism statistics): (n, D) float ``>= 0`` -> (n,) float; a row with a zero (a
+    query without keys has ``λ^obs = 0``) gives 0, never NaN. Not for use under autograd.
+    """
+    return torch.log(x).mean(-1).exp()
+
+
 def kriging_bias(lam: torch.Tensor, rows: torch.Tensor, B: int, T: int, lo: float = 1e-8,
                  hi: float = 1e8) -> torch.Tensor:
     """Additive attention-logit bias of the kriging weights [paper] (BFT.md §1).
@@ -112,21 +122,48 @@ def kriging_moments(alpha: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
     return m, torch.relu(torch.addcmul(m2, m, m, value=-1.0))  # relu = clamp at 0, one-pass backward
 
 
+class _KishB(torch.autograd.Function):
+    """``b = Σ_j α̃_j(1 − α̃_j)`` over the last dim, saving only ``α̃`` (the caller keeps it anyway).
+
+    ``1 − α̃`` is exact in floating point for ``α̃ ∈ [1/2, 1]`` (Sterbenz), so each term carries one
+    rounding: exact to float rounding per element, unlike ``α̃ − α̃²``, whose rounded square loses up
+    to ~1e-4 relative in float32 near ``α̃ = 1 − 2e-4``. Backward: ``∂b/∂α̃ = 1 − 2α̃``.
+    """
+
+    @staticmethod
+    def forward(ctx, alpha: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(alpha)
+        return torch.rsub(alpha, 1.0).mul_(alpha).sum(-1)  # one (…, T) temporary
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        (alpha,) = ctx.saved_tensors
+        return torch.rsub(alpha * 2.0, 1.0).mul_(g[..., None])
+
+
+def kish_b(alpha: torch.Tensor) -> torch.Tensor:
+    """``Σ_j α̃_j(1 − α̃_j)`` over the last dim (BFT.md §1, ``n − 1 = b/a2``): (..., T) -> (...).
+
+    Exact to float rounding per element; autograd saves only ``α̃`` (``_KishB``).
+    """
+    return _KishB.apply(alpha)
+
+
 def kish_sums(alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums behind the Kish effective sample size [bftrec] (BFT.md §1).
 
     ``n = 1/a2`` and ``n − 1 = b/a2`` with ``a2 = Σ_j α̃_j²`` and ``b = Σ_j α̃_j(1 − α̃_j)``.
-    ``b`` is summed elementwise, never as ``1 − a2``: in float32 ``n − 1`` would collapse to 0 when
-    one weight is ``1 − 1e-8``. (``α̃ − α̃²`` is used elementwise rather than ``α̃(1 − α̃)`` so that
-    autograd saves no extra (B, H, T, T) tensor; both are exact to float rounding per element.)
+    ``b`` is summed elementwise as BFT.md writes it, never as ``1 − a2`` (in float32 ``n − 1`` would
+    collapse to 0 when one weight is ``1 − 1e-8``) nor as ``Σ(α̃ − α̃²)`` (the rounded square loses
+    up to ~1e-4 relative near ``α̃ = 1 − 2e-4``); each term is exact to float rounding (``kish_b``).
 
     Args:
         alpha: (B, H, T, T) float, undropped kriging weights.
     Returns:
         a2 (B, H, T), b (B, H, T); both 0 on a row with no valid key.
     """
-    a_sq = alpha * alpha  # (B, H, T, T) temporary
-    return a_sq.sum(-1), (alpha - a_sq).sum(-1)
+    return (alpha * alpha).sum(-1), kish_b(alpha)
 
 
 class _KrigingStats(torch.autograd.Function):
@@ -145,9 +182,8 @@ class _KrigingStats(torch.autograd.Function):
         mom = alpha @ torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d)
         m = mom[..., :d].contiguous()  # (B, H, T, d)
         S = torch.relu_(mom[..., d:].addcmul_(m, m, value=-1.0))  # (B, H, T, d) view of mom, clamped at 0
-        a_sq = alpha * alpha  # (B, H, T, T) temporary
-        a2 = a_sq.sum(-1)  # (B, H, T)
-        b = a_sq.neg_().add_(alpha).sum(-1)  # Σ α̃(1 − α̃), elementwise
+        a2 = (alpha * alpha).sum(-1)  # (B, H, T), one (B, H, T, T) temporary
+        b = torch.rsub(alpha, 1.0).mul_(alpha).sum(-1)  # Σ α̃(1 − α̃), elementwise, exact to rounding (kish_b)
         ctx.save_for_backward(alpha, v, m, S > 0)  # a bool mask, so the (B, H, T, 2d) moments are freed
         return m, S, a2, b
 
@@ -222,29 +258,42 @@ def prior_statistic(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, ok: torc
 
 
 def output_precision(var_m: torch.Tensor, w_out: torch.Tensor, lo: float = 1e-8, hi: float = 1e8,
-                     has_key: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``λ^obs = 1 / Var(o)`` with ``Var(o)_k = Σ_c W_O[k,c]² Var(m)_c`` [paper: delta method] (BFT.md §1).
+                     has_key: Optional[torch.Tensor] = None, one_obs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Observation precision from ``Var(o)_k = Σ_c G[k,c]² Var(m)_c`` [paper: delta method] (BFT.md §1, §7).
 
-    One matmul with ``W_O ⊙ W_O`` (the bias of the output projection is deterministic).
+    One matmul with ``G ⊙ G`` (the bias of the output projection is deterministic).
+
+    - ``bft.units=h`` (``one_obs`` None, v1): ``λ^obs = 1/Var(o)`` with ``Var(o)`` clamped to ``[lo, hi]``.
+    - ``bft.units=count`` (``one_obs`` given, §7): ``λ̂^obs = Var₁(o)/Var(o)`` with the one-observation
+      variance ``Var₁(o)_k = Σ_c G[k,c]² one_obs_c``; the dimensionless ratio is clamped, never ``Var(o)``.
 
     Args:
-        var_m: (n, D) float rows, heads concatenated.
-        w_out: (D, D) float, ``nn.Linear`` weight of the output projection.
+        var_m: (n, D) float rows, heads concatenated (already multiplied by any per-row factor of ``G``).
+        w_out: (D, D) float, ``nn.Linear`` weight of the output projection (``G`` up to per-row factors).
         has_key: optional (n,) bool; a row without any valid key gets no observation, ``λ^obs = 0``.
+        one_obs: optional (D,) or (n, D) float, ``s₀²_c a_t²`` times the same per-row factors as ``var_m``.
     Returns:
-        (n, D) float, with ``Var(o)`` clamped to ``[lo, hi]``.
+        (n, D) float.
     """
-    lam_obs = F.linear(var_m, w_out * w_out).clamp(lo, hi).reciprocal()  # (n, D)
+    w2 = w_out * w_out  # (D, D)
+    var_o = F.linear(var_m, w2)  # (n, D)
+    if one_obs is None:
+        lam_obs = var_o.clamp(lo, hi).reciprocal()
+    else:
+        var_1 = F.linear(one_obs, w2)  # (D,) one matvec, or (n, D)
+        safe = torch.where(var_o > 0, var_o, torch.ones_like(var_o))  # rows without keys: Var(o) = 0
+        lam_obs = (var_1 / safe).clamp(lo, hi)
     return lam_obs if has_key is None else lam_obs * has_key[:, None].to(lam_obs.dtype)
 
 
 def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, w_out: torch.Tensor,
                       ok: torch.Tensor, rows: torch.Tensor, prior_dof: float, lo: float = 1e-8, hi: float = 1e8,
-                      want_prior: bool = False, set_prior=None):
+                      want_prior: bool = False, set_prior=None, count: bool = False):
     """The observe step's statistics, from kriging weights to ``λ^obs`` (BFT.md §1).
 
     ``kriging_stats`` (moments and Kish sums, all query rows) → valid query rows → ``reml_shrinkage`` →
-    heads concatenated → ``output_precision``.
+    heads concatenated → ``output_precision`` (under ``count``, §7: ``λ̂^obs = Var₁(o)/Var(o)`` with
+    ``Var₁(o) = (W_O ⊙ W_O) s₀²``, softmax weights: ``a_t = 1``).
 
     Args:
         alpha: (B, H, T, T) float32 undropped kriging weights (rows sum to 1 or are all 0).
@@ -257,9 +306,10 @@ def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, 
         want_prior: also return the sums for the ``s₀²`` update (``prior_statistic``), no grad.
         set_prior: calibration only: a callable ``(total (H, d), count (H,)) -> new s0sq (H, d)`` run
             before the shrinkage, so the layer uses the prior it has just set (BFT.md §1).
+        count: ``bft.units=count`` (BFT.md §7), else ``h`` (v1).
     Returns:
-        m (B, H, T, d) undropped kriging mean, λ^obs (n, D) rows, a2 (B, H, T) (``Σ α̃²``, Kish
-        ``n = 1/a2``), prior sums ``(total (H, d), count (H,))`` or None.
+        m (B, H, T, d) undropped kriging mean, λ^obs (n, D) rows (in counts under ``count``), a2 (B, H, T)
+        (``Σ α̃²``, Kish ``n = 1/a2``), prior sums ``(total (H, d), count (H,))`` or None.
     """
     B, H, T, d = v.shape
     m, S, a2, b = kriging_stats(alpha, v)  # (B, H, T, d) x2, (B, H, T) x2
@@ -272,7 +322,8 @@ def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, 
     if set_prior is not None:
         s0sq = set_prior(*prior)
     var_m = reml_shrinkage(S_r, a2_r, b_r, s0sq, prior_dof, ok_r).reshape(-1, H * d)  # (n, H, d) -> (n, D)
-    return m, output_precision(var_m, w_out, lo, hi, ok_r.any(1)), a2, prior
+    one_obs = s0sq.reshape(H * d) if count else None  # (H, d) -> (D,): Var(m) of one value at the prior scale
+    return m, output_precision(var_m, w_out, lo, hi, ok_r.any(1), one_obs), a2, prior
 
 
 # --------------------------------------------------------------------------------------------------

@@ -72,12 +72,18 @@ class SeqRecModel(nn.Module):
         """No-grad calibration pass before the first step (BFT.md §1, s₀²); a no-op for standard layers.
 
         A stack that supports it exposes ``calibration()``, a context manager under which forwards
-        set each layer's prior scale from the batch, layer by layer.
+        set each layer's prior scale from the batch, layer by layer. The pass runs in eval mode (no
+        dropout: s₀² is a property of the data, not of a dropout draw); the mode is restored after.
         """
         stack = getattr(self, "stack", None)
         if stack is not None and hasattr(stack, "calibration"):
-            with torch.no_grad(), stack.calibration():
-                self.training_loss(batch)
+            was_training = self.training
+            self.eval()
+            try:
+                with torch.no_grad(), stack.calibration():
+                    self.training_loss(batch)
+            finally:
+                self.train(was_training)
 
     def mechanism(self, batch: dict) -> dict:
         """Per-layer BFT statistics for the scoring positions (BFT.md §6); {} for standard layers."""

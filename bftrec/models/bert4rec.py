@@ -40,7 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -118,10 +117,11 @@ class BERT4Rec(SeqRecModel):
         self.emb_ln = nn.LayerNorm(D)
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
-        counts = np.concatenate([np.asarray(info.train_counts, dtype=np.int64), [0]])  # (N + 2,): [MASK] 0
+        # train_counts covers the real items only ((N + 1,)): [MASK] is no zero-count item, its τ starts at
+        # offset 0 under tau.freq_slope (BFT.md §0, special tokens)
         self.stack = build_stack(
             layer_cfg, BERT4RecBlock, cfg.n_layers, n_tokens=info.n_items + 2,
-            precision_ctx={"input_variance": self.input_variance(), "train_counts": counts, "pad_id": 0},
+            precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts, "pad_id": 0},
             d_model=D, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
             attn_dropout=cfg.attn_dropout)
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
@@ -162,7 +162,7 @@ class BERT4Rec(SeqRecModel):
         """
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=False)
-        return self.stack(self.embed(item_seq), item_seq, masks, mech=mech)
+        return self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_emb)
 
     def cloze(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the cloze masks from torch's global RNG.

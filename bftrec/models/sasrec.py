@@ -129,11 +129,18 @@ class SASRec(SeqRecModel):
         x = self.item_emb.weight[1:] * math.sqrt(self.cfg.d_model)  # (N, D)
         return float(x.var(dim=0).mean() + self.pos_emb.weight.var(dim=0).mean())
 
+    def item_embedding(self, item_seq: torch.Tensor) -> torch.Tensor:
+        """item_seq (B, L) int64 -> (B, L, D) float item embedding ``e_x · sqrt(D)``, no position, no dropout.
+
+        What the BFT stack's τ MLP reads (``tau_input``, BFT.md §0: positions add no precision).
+        """
+        return self.item_emb(item_seq) * math.sqrt(self.cfg.d_model)
+
     def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
         """item_seq (B, L) int64 -> (B, L, D), positions counted so the last column is max_len - 1."""
         L = item_seq.shape[1]
         pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
-        h = self.item_emb(item_seq) * math.sqrt(self.cfg.d_model) + self.pos_emb(pos)[None]
+        h = self.item_embedding(item_seq) + self.pos_emb(pos)[None]
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
@@ -141,7 +148,7 @@ class SASRec(SeqRecModel):
         """item_seq (B, L) int64, left-padded, L <= max_len -> (B, L, D) hidden states."""
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=True)
-        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding)
         return self.final_ln(h)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
