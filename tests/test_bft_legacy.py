@@ -3,7 +3,7 @@
 One function does it, ``bftrec.config.upgrade_legacy_layer`` (through ``load_run_config``), on every
 loading path: ``bftrec.evaluate`` (re-score, gain replay), ``bftrec.grid.prepare_cell`` (skip/resume a
 grid cell) and ``bftrec.train`` (``trainer.resume``). Checkpoints are never committed, so a committed
-run of ``results/paper_cpu`` is checked down to its model's state-dict keys, and a tiny synthetic v1
+run of ``results/paper_cpu_v1`` is checked down to its model's state-dict keys, and a tiny synthetic v1
 run, made legacy by removing ``units`` from its stored configs, is re-scored end to end.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from bftrec.train import run
 from tests.test_contract import data_info
 from tests.test_train_e2e import smoke_cfg
 
-PAPER = Path(__file__).resolve().parents[1] / "results" / "paper_cpu" / "runs" / "instruments-2014"
+PAPER = Path(__file__).resolve().parents[1] / "results" / "paper_cpu_v1" / "runs" / "instruments-2014"
 EXTRAS = {"stack.tau.tau"} | {f"stack.blocks.{i}.{n}" for i in range(2) for n in ("theta_q", "s0sq", "s0sq_ready")}
 
 
@@ -41,7 +41,7 @@ def test_upgrade_applies_to_v1_only():
 
 @pytest.mark.parametrize("model", ["sasrec", "bert4rec", "hstu"])
 def test_committed_v1_run_loads_as_units_h(model):
-    """results/paper_cpu (committed, BFT v1): its config resolves to units=h and builds the v1 model's keys."""
+    """results/paper_cpu_v1 (committed, BFT v1): its config resolves to units=h and builds the v1 model's keys."""
     run_dir = PAPER / model / "bft" / "seed0"
     raw = OmegaConf.load(run_dir / "config.yaml")
     assert "units" not in raw.layer.bft and raw.layer.tau.scale == "embedding"

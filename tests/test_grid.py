@@ -14,7 +14,8 @@ from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prep
 from bftrec.train import CONFIG_DIR, run, typed_groups
 from tests.test_train_e2e import smoke_cfg
 
-GRIDS = {"main": 108, "cpu": 72}
+GRIDS = {"main": 108, "cpu": 108}
+LAYERS = {"main": ["bft", "standard"], "cpu": ["bft", "bft_h", "standard"]}  # bft_h: the v1-units ablation
 
 
 def _grid_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
@@ -29,7 +30,7 @@ def _grid_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
 def test_every_cell_composes_with_its_tuned_config(grid):
     axes = sweep_axes(Path(CONFIG_DIR) / "experiment" / "paper" / f"{grid}.yaml")
     assert len(axes["dataset"]) * len(axes["model"]) * len(axes["layer"]) * len(axes["seed"]) == GRIDS[grid]
-    assert sorted(axes["layer"]) == ["bft", "standard"] and axes["seed"] == ["0", "1", "2"]
+    assert sorted(axes["layer"]) == LAYERS[grid] and axes["seed"] == ["0", "1", "2"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for d in axes["dataset"]:
             for m in axes["model"]:
@@ -42,8 +43,9 @@ def test_every_cell_composes_with_its_tuned_config(grid):
                     assert g["root"].skip_finished and g["root"].require_tuned
                     per_layer[layer] = OmegaConf.to_container(cfg, resolve=True)
                 # standard and BFT differ only in the layer group: the comparison is like for like
-                diff = config_diff(per_layer["standard"], per_layer["bft"])
-                assert "layer.name" in diff and all(k.startswith("layer.") for k in diff), diff
+                for layer in per_layer.keys() - {"standard"}:
+                    diff = config_diff(per_layer["standard"], per_layer[layer])
+                    assert "layer.name" in diff and all(k.startswith("layer.") for k in diff), diff
 
 
 def test_missing_tuned_config_is_refused():

@@ -66,7 +66,7 @@ def test_empty_folder_says_so(tmp_path):
 def test_grid_cells_are_the_sweep_product():
     mt = _make_tables()
     cells = mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
-    assert len(cells) == 72 and ("office", "hstu", "", "bft", 2) in cells
+    assert len(cells) == 108 and ("office", "hstu", "", "bft_h", 2) in cells
     assert len(mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "main.yaml")) == 108
 
 
