@@ -33,7 +33,7 @@ from bftrec.data.synthetic import generate
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1  # bump when preprocessing code changes its output
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "dataset"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "dataset"  # package data (bftrec/configs)
 _ROOT_HINT = "set BFTREC_DATA_ROOT=/path or pass data_root=/path (see data/README.md)"
 
 
