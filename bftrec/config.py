@@ -8,7 +8,9 @@ start with the key's name (``validate``). The ``dataset`` group is checked again
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -85,18 +87,37 @@ def merge_schema(schema: type, node: Any, where: str) -> Any:
 
     Raises:
         ConfigError: one line naming the unknown or ill-typed key and the group, e.g.
-            ``unknown key 'trainer.epochz'; known keys: ...``.
+            ``unknown key 'trainer.epoch'; did you mean trainer.epochs? known keys in trainer: ...`` or
+            ``bad value for trainer.lr: Value 'abc' of type 'str' could not be converted to Float``.
     """
+    prefix = "" if where == "root" else f"{where}."
     base = OmegaConf.structured(schema)
     try:
         merged = OmegaConf.merge(base, node)
     except ConfigKeyError as e:
         key = getattr(e, "full_key", None) or getattr(e, "key", None) or str(e).splitlines()[0]
-        known = ", ".join(f.name for f in schema.__dataclass_fields__.values())
-        raise ConfigError(f"unknown key '{where}.{key}'; known keys in {where}: {known}") from None
+        raise unknown_key(f"{prefix}{key}", schema.__dataclass_fields__) from None
     except ValidationError as e:
-        raise ConfigError(f"bad value in {where}: {str(e).splitlines()[0]}") from None
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"bad value for {prefix}{key}: {str(e).splitlines()[0]}") from None
     return OmegaConf.to_object(merged)
+
+
+def unknown_key(full_key: str, known: Iterable[str]) -> ConfigError:
+    """The one-line error for a key its group lacks: the closest known key (difflib) and all of them."""
+    group, _, key = full_key.rpartition(".")
+    known = [k for k in known if k != "hydra"]
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {group + '.' if group else ''}{close[0]}? " if close else ""
+    return ConfigError(f"unknown key '{full_key}'; {hint}known keys in {group or 'the root'}: {', '.join(known)}")
+
+
+def check_ks(ks: Any) -> None:
+    """``eval.ks`` must be a non-empty list of integers K >= 1 (checked before any data is read)."""
+    ks = list(ks) if isinstance(ks, (list, tuple)) else [ks]
+    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ConfigError(f"eval.ks={ks} is not valid: every cut-off K must be an integer >= 1, e.g. "
+                          "eval.ks=[5,10,20]")
 
 
 def validate_root(cfg: DictConfig) -> RunConfig:

@@ -23,8 +23,18 @@ import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from bftrec.config import ConfigError, EvalConfig, TrainerConfig, load_run_config, merge_schema, validate_root
+from bftrec.config import (
+    ConfigError,
+    EvalConfig,
+    TrainerConfig,
+    check_ks,
+    load_run_config,
+    merge_schema,
+    unknown_key,
+    validate_root,
+)
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
 from bftrec.evaluation import check_eval_config, rank_users
@@ -36,7 +46,10 @@ from bftrec.models import MODELS, DataInfo
 from bftrec.trainer import check_trainer_config, fit, is_main, mean_gain, resolve_device, seed_everything
 
 log = logging.getLogger("bftrec")
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+# The Hydra config tree: package data ``bftrec/configs`` (in the checkout a link to the top-level configs/),
+# found as ``pkg://bftrec.configs`` in an editable install, a wheel and a PYTHONPATH checkout alike.
+CONFIG_PKG = "bftrec.configs"
+CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
 
 
 def typed_groups(cfg: DictConfig) -> dict:
@@ -49,6 +62,8 @@ def typed_groups(cfg: DictConfig) -> dict:
         raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(MODELS.names())}")
     if layer_name not in LAYER_CONFIGS:
         raise ConfigError(f"unknown layer {layer_name!r}; choose one of {', '.join(sorted(LAYER_CONFIGS))}")
+    ev = merge_schema(EvalConfig, cfg.eval, "eval")
+    check_ks(ev.ks)  # before trainer.select_metric is matched against them
     return {
         "root": root,
         "dataset": merge_schema(DatasetConfig, cfg.dataset, "dataset"),
@@ -56,7 +71,7 @@ def typed_groups(cfg: DictConfig) -> dict:
         "model_cls": model_cls,
         "layer": merge_schema(LAYER_CONFIGS[layer_name], cfg.layer, "layer"),
         "trainer": merge_schema(TrainerConfig, cfg.trainer, "trainer"),
-        "eval": merge_schema(EvalConfig, cfg.eval, "eval"),
+        "eval": ev,
     }
 
 
@@ -272,7 +287,7 @@ def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: f
              metrics["test"]["overall"]["NDCG@10"], out_dir)
 
 
-@hydra.main(version_base="1.3", config_path=None, config_name="train")
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_PKG}", config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -292,7 +307,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         run(cfg, out_dir, report)
     except USER_ERRORS as e:
         report["error"] = one_line(e)
-        log.error("cell %s failed: %s", out_dir, report["error"])
+        log.error("cell failed: %s", report["error"] if str(out_dir) in report["error"]
+                  else f"{out_dir}: {report['error']}")
         raise CellFailed(f"{out_dir}: {report['error']}") from None
     except KeyboardInterrupt:
         report["status"] = "interrupted"
@@ -343,11 +359,45 @@ def one_line(e: BaseException) -> str:
     return e.args[0] if isinstance(e, KeyError) and e.args else str(e)
 
 
+def hydra_error_line(e: Exception) -> str:
+    """One line for a config mistake Hydra finds while composing, instead of its multi-line report.
+
+    An override of a key the group lacks (``trainer.epoch=3``) names the closest known key; a missing group
+    option (``dataset=sportz``) lists the valid names; anything else keeps Hydra's lines joined.
+    """
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    cause = e.__cause__  # an override of a key not in the group: OmegaConf's error, with the group's node
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key and cause.parent_node is not None:
+        return str(unknown_key(cause.full_key, cause.parent_node.keys()))
+    if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        return (f"{group}={name}: no such config; choose one of {', '.join(e.options)} "
+                f"(or add {e.missing_cfg_file}.yaml)")
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("See https://")]
+    if isinstance(e, OverrideParseException):
+        lines.insert(0, f"cannot parse the override {e.override!r}")
+    return ": ".join(lines)
+
+
 def main() -> None:
-    """Console script: puts the repo's configs/ on Hydra's search path."""
-    if not any(a.startswith("--config-dir") or a.startswith("-cd") for a in sys.argv[1:]):
-        sys.argv.insert(1, f"--config-dir={CONFIG_DIR}")
-    _hydra_main()
+    """Console script ``bftrec-train`` (Hydra over ``pkg://bftrec.configs``; ``--config-dir`` adds a folder).
+
+    Config mistakes end in one line ``bftrec-train: error: ...`` and exit 2, whether ``run`` finds them
+    (``one_line_errors``) or Hydra does while composing (``hydra_error_line``). A grid (``-m``) with a failed
+    cell exits 2 once the other cells have run: the cell's line is logged when it fails and the ledger
+    records it, so Hydra's traceback of the re-raised ``CellFailed`` is left out.
+    """
+    from hydra.errors import CompactHydraException
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its report and exiting 1
+    try:
+        _hydra_main()
+    except CellFailed:
+        sys.exit(2)
+    except CompactHydraException as e:
+        print(f"bftrec-train: error: {hydra_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

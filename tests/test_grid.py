@@ -103,7 +103,7 @@ def test_unknown_grid_name_fails_before_any_run(tmp_path):
     """Hydra composes every cell of the sweep before launching: a bad name lists the valid ones."""
     out = _grid_cli(tmp_path, "dataset=office,nosuchdata", "model=sasrec", "layer=standard", "seed=0")
     assert out.returncode != 0
-    assert "Could not find 'dataset/nosuchdata'" in out.stderr and "ml-100k" in out.stderr
+    assert "dataset=nosuchdata: no such config; choose one of" in out.stderr and "ml-100k" in out.stderr
     assert not (tmp_path / "runs" / "office").exists()  # the valid cell never started
 
 

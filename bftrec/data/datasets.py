@@ -33,7 +33,7 @@ from bftrec.data.synthetic import generate
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # bump when a reader or the preprocessing changes its output (2: issue 9 units, headers)
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "dataset"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "dataset"  # package data (bftrec/configs)
 _ROOT_HINT = "set BFTREC_DATA_ROOT=/path or pass data_root=/path (see data/README.md)"
 
 

@@ -1,0 +1,75 @@
+"""Config mistakes through the real console entry (``python -m bftrec.train``): one line on stderr, exit 2,
+naming the key or the valid names (issue 9.5).
+
+Every case is an independent process; they are started together once per module to keep the suite fast.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from bftrec.train import CONFIG_DIR
+
+CASES = {  # name: overrides of `bftrec-train debug=smoke`
+    "typo": ["trainer.epoch=3"],
+    "typo_appended": ["+trainer.epoch=3"],
+    "dataset": ["dataset=sportz"],
+    "layer": ["layer=bfft"],
+    "lr": ["trainer.lr=abc"],
+    "ks": ["eval.ks=[0]"],
+}
+CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Run every case and one grid whose only cell holds a run of another config; returns name -> process."""
+    tmp = tmp_path_factory.mktemp("cli")
+    grid = ["-m", "experiment=paper/cpu", "debug=smoke", *CELL, "hydra.launcher.n_jobs=1", "trainer.lr=0.01"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # the cell as another config left it
+        other = compose("train", overrides=["experiment=paper/cpu", "debug=smoke", *CELL, f"out_root={tmp}"])
+    cell = tmp / "runs" / "synthetic" / "sasrec" / "standard" / "seed0"
+    cell.mkdir(parents=True)
+    OmegaConf.save(other, cell / "config.yaml", resolve=True)
+    (cell / "metrics.json").write_text("{}")
+    procs = {name: subprocess.Popen([sys.executable, "-m", "bftrec.train", *args], cwd=tmp, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, args in {**{k: ["debug=smoke", f"out_root={tmp / k}", *v] for k, v in CASES.items()},
+                                "grid": [*grid, f"out_root={tmp}"]}.items()}
+    out = {}
+    for name, p in procs.items():
+        stdout, stderr = p.communicate(timeout=300)
+        out[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    out["tmp"] = tmp
+    return out
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("typo", "unknown key 'trainer.epoch'; did you mean trainer.epochs? known keys in trainer: epochs, batch_size"),
+    ("typo_appended", "unknown key 'trainer.epoch'; did you mean trainer.epochs?"),
+    ("dataset", "dataset=sportz: no such config; choose one of beauty, games, "),
+    ("layer", "layer=bfft: no such config; choose one of bft, standard"),
+    ("lr", "bad value for trainer.lr: Value 'abc'"),
+    ("ks", "eval.ks=[0] is not valid: every cut-off K must be an integer >= 1"),
+])
+def test_config_mistake_is_one_line(results, name, expected):
+    r = results[name]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith(f"bftrec-train: error: {expected}") and r.stderr.count("\n") == 1, r.stderr
+    assert "To append" not in r.stderr and "trainer.select_metric" not in r.stderr  # no wrong hint or key
+
+
+def test_refused_grid_cell_is_its_line_alone(results):
+    """The other config's cell is refused in one logged line, the ledger records it, no traceback follows."""
+    r = results["grid"]
+    assert r.returncode == 2, r.stderr[-2000:]
+    output = r.stdout + r.stderr
+    assert "Traceback" not in output and "CellFailed" not in output, output
+    refusals = [ln for ln in output.splitlines() if "holds a run of another config" in ln]
+    assert len(refusals) == 1 and "differs at trainer.lr" in refusals[0], output
+    ledger = [json.loads(x) for x in (results["tmp"] / "runs" / "ledger.jsonl").read_text().splitlines()]
+    assert [(x["cell"], x["status"]) for x in ledger] == [("synthetic/sasrec/standard/seed0", "failed")]
+    assert "differs at trainer.lr" in ledger[0]["error"]
