@@ -51,7 +51,7 @@ def results(tmp_path_factory):
     ("typo", "unknown key 'trainer.epoch'; did you mean trainer.epochs? known keys in trainer: epochs, batch_size"),
     ("typo_appended", "unknown key 'trainer.epoch'; did you mean trainer.epochs?"),
     ("dataset", "dataset=sportz: no such config; choose one of beauty, games, "),
-    ("layer", "layer=bfft: no such config; choose one of bft, standard"),
+    ("layer", "layer=bfft: no such config; choose one of bft, bft_h, standard"),
     ("lr", "bad value for trainer.lr: Value 'abc'"),
     ("ks", "eval.ks=[0] is not valid: every cut-off K must be an integer >= 1"),
 ])
