@@ -44,6 +44,8 @@ class TrainerConfig:
     resume: Optional[str] = None      # run directory to resume from (reads its last.pt)
     max_steps_per_epoch: int = 0      # cap on steps per epoch (0 = full epoch); for smoke runs
     length_bucketing: bool = True     # batches of similar length ("sortish"), left padding trimmed
+    train_windows: str = "last"       # last: each user's last max_len + 1 training items | sliding: all of them
+    train_window_stride: Optional[int] = None  # sliding: window ends S items apart (1..max_len); null = max_len
 
 
 @dataclass

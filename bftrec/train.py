@@ -43,7 +43,8 @@ from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
-from bftrec.trainer import check_trainer_config, fit, is_main, mean_gain, resolve_device, seed_everything
+from bftrec.trainer import (check_trainer_config, fit, is_main, mean_gain, resolve_device, seed_everything,
+                            train_windows_block)
 
 log = logging.getLogger("bftrec")
 # The Hydra config tree: package data ``bftrec/configs`` (in the checkout a link to the top-level configs/),
@@ -149,7 +150,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     started = time.time()
     g = typed_groups(cfg)
     root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
-    check_trainer_config(tc, ev)  # before any data is read or any epoch is spent
+    check_trainer_config(tc, ev, mc.max_len)  # before any data is read or any epoch is spent
     if out_dir is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{stamp}"
@@ -226,6 +227,7 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
     metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed, "tag": root.tag,
                "tuned_config": root.tuned_config,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
+               "train_windows": train_windows_block(tc, mc.max_len),
                "layer_config": OmegaConf.to_container(OmegaConf.structured(lc)), "data": data.stats,
                "n_parameters": n_params,
                "best_epoch": result.best_epoch, "epochs_run": len(result.history),

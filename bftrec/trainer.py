@@ -1,10 +1,12 @@
 """fit(): epochs, early stopping on validation NDCG@10, best checkpoint, resume.
 
-One training example is one user's most recent ``max_len + 1`` training items (``s[:-2]``); the
-backbone's ``training_loss`` decides which positions it predicts. After every ``eval_every`` epochs
+One training example is a window of ``max_len + 1`` training items (``s[:-2]``): each user's most
+recent one (``trainer.train_windows=last``), or every window of ``sliding``, so that every training
+target is predicted (``bftrec.data.batches.train_window_bounds``); the backbone's ``training_loss``
+decides which positions it predicts. After every ``eval_every`` epochs
 the whole validation split is ranked (full ranking) and the selection metric decides the best
 checkpoint; training stops after ``patience`` evaluations without improvement. Under torch.distributed
-(torchrun) each process takes a disjoint slice of every epoch's users and gradients are averaged by
+(torchrun) each process takes a disjoint slice of every epoch's windows and gradients are averaged by
 DDP; only rank 0 writes files.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
-from bftrec.data.batches import train_windows, trim_left
+from bftrec.data.batches import check_train_windows, train_window_bounds, trim_left, windows
 from bftrec.evaluation import rank_users
 from bftrec.grid import atomic
 from bftrec.layers import Stack
@@ -46,8 +48,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig) -> None:
-    """One-line ConfigError for impossible trainer settings, checked before any data is read."""
+def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Optional[int] = None) -> None:
+    """One-line ConfigError for impossible trainer settings, checked before any data is read.
+
+    ``max_len`` (``model.max_len``) bounds ``train_window_stride``; None skips that bound.
+    """
     for key in ("epochs", "batch_size", "patience", "eval_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"trainer.{key}={getattr(cfg, key)} must be >= 1")
@@ -63,6 +68,7 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig) -> None:
                           f"{', '.join(metrics)} (K from eval.ks)")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"trainer.device={cfg.device!r} is not valid; use auto, cpu, cuda or cuda:N")
+    check_train_windows(cfg.train_windows, cfg.train_window_stride, max_len)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -122,13 +128,28 @@ class FitResult:
     first_batch: Optional[dict] = None    # that batch (the first batch_size users), to measure K again
 
 
-def training_tensors(data, max_len: int, device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(U', L + 1) int64 training windows (and unix-second times, or None) of users with >= 1 training item."""
-    seqs = torch.from_numpy(train_windows(data.items, data.offsets, max_len + 1))  # (U, L + 1)
-    times = (torch.from_numpy(train_windows(data.timestamps, data.offsets, max_len + 1))
+def training_tensors(data, max_len: int, device: torch.device, mode: str = "last",
+                     stride: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(W, L + 1) int64 training windows (and unix-second times, or None), left-padded, non-empty.
+
+    ``mode``/``stride``: ``trainer.train_windows``/``train_window_stride`` (``train_window_bounds``);
+    with ``last`` W is the number of users with >= 1 training item, rows in user order.
+    """
+    _, start, end = train_window_bounds(data.offsets, max_len + 1, mode, stride)  # (W,) each
+    seqs = torch.from_numpy(windows(data.items, start, end, max_len + 1))  # (W, L + 1)
+    times = (torch.from_numpy(windows(data.timestamps, start, end, max_len + 1))
              if data.timestamps is not None else None)
-    keep = seqs[:, -1].ne(0)  # users with at least one training item
+    keep = seqs[:, -1].ne(0)  # windows with at least one training item
     return seqs[keep].to(device), (times[keep].to(device) if times is not None else None)
+
+
+def train_windows_block(cfg: TrainerConfig, max_len: int) -> dict:
+    """How training windows were cut, for metrics.json (``train_window_bounds`` states the coverage)."""
+    sliding = cfg.train_windows == "sliding"
+    return {"mode": cfg.train_windows, "window_items": max_len + 1,
+            "stride": (cfg.train_window_stride or max_len) if sliding else None,
+            "targets": "every training target at least once per epoch" if sliding
+            else "the most recent max_len training targets of each user"}
 
 
 def first_batch(seqs: torch.Tensor, times: Optional[torch.Tensor], batch_size: int) -> dict:
@@ -174,10 +195,11 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     Raises:
         ConfigError: bad trainer settings; ValueError: a non-finite loss (with epoch and step).
     """
-    check_trainer_config(cfg, eval_cfg)
+    check_trainer_config(cfg, eval_cfg, max_len)
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
-    seqs, times = training_tensors(data, max_len, device)
+    seqs, times = training_tensors(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
+    log.info("%d training windows of %d items (trainer.train_windows=%s)", len(seqs), max_len + 1, cfg.train_windows)
     lengths = seqs.ne(0).sum(1).cpu()  # (U,)
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
         if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)

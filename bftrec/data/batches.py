@@ -6,13 +6,17 @@ the test target, the second-to-last the validation target, the rest is training.
 - validation: history ``s[:-2]``, target ``s[-2]``;
 - test: history ``s[:-1]`` (includes the validation item), target ``s[-1]``.
 Windows are left-padded with 0 and keep the most recent items, so the last column is always the
-prediction position.
+prediction position. Training windows (``train_window_bounds``): each user's most recent
+``max_len + 1`` training items (``last``), or the whole training part cut into such windows
+(``sliding``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from bftrec.config import ConfigError, check_choice
 
 
 @dataclass
@@ -72,6 +76,64 @@ def windows(values: np.ndarray, start: np.ndarray, end: np.ndarray, length: int)
 def train_windows(items: np.ndarray, offsets: np.ndarray, length: int) -> np.ndarray:
     """(U, length) int64: the most recent ``length`` training items (``s[:-2]``) of every user."""
     return windows(items, offsets[:-1], offsets[1:] - 2, length)
+
+
+TRAIN_WINDOW_MODES = ("last", "sliding")
+
+
+def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
+                        stride: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which training windows an epoch holds: per window its user, start and end offsets.
+
+    A window is the last ``length = max_len + 1`` items of ``items[start:end]`` (``windows``), left
+    padded; a next-item model predicts its columns 1..length-1 from the columns before them. With
+    ``n`` training items ``t_0 .. t_{n-1}`` (``s[:-2]``) per user:
+
+    - ``last`` (SASRec, HSTU and the HSTU reference): one window per user, ending at ``n``: the
+      targets ``t_i`` with ``n - max_len <= i <= n - 1`` (all of ``t_1 ..`` when ``n <= max_len + 1``).
+    - ``sliding``: windows ending at ``e = n, n - S, n - 2S, ...`` while ``e >= 2`` (stride ``S``,
+      ``1 <= S <= max_len``; default ``max_len``). Window ``e`` predicts ``t_i`` for
+      ``max(1, e - max_len) <= i <= e - 1``, so ``t_i`` (``i >= 1``) is predicted once per ``e`` with
+      ``i < e <= min(i + max_len, n)``: with ``S = max_len`` exactly once per epoch; with
+      ``S < max_len`` ``floor(max_len / S)`` or ``ceil(max_len / S)`` times, except the most recent
+      targets (``i > n - 1 - max_len``): ``1 + floor((n - 1 - i) / S)`` times, at least once.
+      ``t_0`` is never a next-item target (it has no history), as in ``last``; a validation or test
+      item is never in a window. BERT4Rec's cloze uses a window's last ``max_len`` columns, which
+      tile ``t_1 .. t_{n-1}`` exactly when ``S = max_len``.
+
+    Rows are ordered window-age first: rows ``0 .. U-1`` are the ``last`` windows of users
+    ``0 .. U-1`` (so the first training batch, used for BFT calibration, is the same in both modes),
+    then every user's second most recent window, and so on.
+
+    Args:
+        offsets: (U + 1,) int64 sequence offsets (CSR); every user has >= 3 interactions.
+        length: window length ``max_len + 1``.
+        mode: one of ``TRAIN_WINDOW_MODES``.
+        stride: ``S`` for ``sliding``; None = ``length - 1``; checked, but unused, for ``last``.
+    Returns:
+        users, start, end: (W,) int64 each; ``windows(items, start, end, length)`` gives the windows.
+    Raises:
+        ConfigError: unknown mode, or a stride outside ``1 .. length - 1``.
+    """
+    check_train_windows(mode, stride, length - 1)
+    start, end = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64) - 2  # (U,) training part
+    users = np.arange(len(start), dtype=np.int64)
+    if mode == "last":
+        return users, start, end
+    step = length - 1 if stride is None else stride
+    count = 1 + np.maximum(end - start - 2, 0) // step  # (U,) windows per user: ends e >= 2 (or one)
+    age = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)  # (W,) 0 = most recent
+    order = np.argsort(age, kind="stable")  # age first, users ascending inside one age
+    rows = np.repeat(users, count)[order]
+    return rows, start[rows], end[rows] - age[order] * step
+
+
+def check_train_windows(mode: str, stride: int | None, max_len: int | None) -> None:
+    """One-line ConfigError for an unknown window ``mode`` or a stride outside 1..max_len (None: >= 1)."""
+    check_choice(mode, TRAIN_WINDOW_MODES, "trainer.train_windows")
+    if stride is not None and not 1 <= stride <= (max_len if max_len is not None else stride):
+        raise ConfigError(f"trainer.train_window_stride={stride} must be in 1..model.max_len={max_len} "
+                         "(null = max_len: every target once per epoch)")
 
 
 def history_pairs(items: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,13 +3,15 @@
 Paper: J. Zhai, L. Liao, X. Liu, Y. Wang, R. Li, X. Cao, L. Gao, Z. Gong, F. Gu, M. He, Y. Lu and
 Y. Shi, "Actions Speak Louder than Words: Trillion-Parameter Sequential Transducers for Generative
 Recommendations", ICML 2024. Reference: meta-recsys/generative-recommenders,
-``generative_recommenders/research/modeling/sequential/hstu.py`` (the traditional sequential
-setting, Section 4.1.1). This is an independent re-implementation on dense left-padded tensors.
+``generative_recommenders/research/modeling/sequential/hstu.py`` with its embedding, input
+preprocessor, L2-norm postprocessor and sampled-softmax modules, recipe
+``configs/ml-1m/hstu-sampled-softmax-n128-final.gin`` (the traditional sequential setting, Section
+4.1.1). This is an independent re-implementation on dense left-padded tensors.
 
 One HSTU block (no separate FFN)::
 
     x          = LN1(h)
-    u, v, q, k = SiLU(uvqk(x))                       # each (B, T, D); q, k, v split into H heads
+    u, v, q, k = SiLU(x W_uvqk)                      # no bias; each (B, T, D); q, k, v split into H heads
     w_tj       = SiLU(q_t . k_j + rab_tj) / N_t      # pointwise, NOT normalised; 0 where masked
     m          = dropout_attn(w) @ v                 # (B, T, D), heads concatenated
     h'         = h + f2(dropout(LN2(m) * u))         # U gating, then the output projection f2
@@ -17,31 +19,49 @@ One HSTU block (no separate FFN)::
 ``rab_tj`` = a learned bias per relative position ``t - j`` (clipped at ``max_len - 1``) plus, when
 the data has timestamps, a learned bias per bucket ``floor(ln(max(|τ_t - τ_j|, 1)) / 0.301)``
 (clipped at ``n_time_buckets``), shared by the heads; each block has its own tables. ``N_t`` is the
-fixed ``max_len`` (``attn_norm=max_len``, as the reference) or the number of keys position ``t`` may
-see (``attn_norm=valid``). Embedding: ``item_emb * sqrt(D) + pos_emb`` with dropout; output: the
-last block's states, L2-normalised. Items are scored by cosine similarity; the training loss
+fixed ``max_len`` (``attn_norm=max_len``) or the number of keys position ``t`` may see
+(``attn_norm=valid``). Embedding: ``item_emb * sqrt(D) + pos_emb`` with dropout; output: the last
+block's states, L2-normalised (eps 1e-6). Items are scored by cosine similarity; the training loss
 divides cosines by ``temperature`` (sampled softmax over uniform negatives by default).
 
-Deviations from the paper / reference implementation:
-- Left-padded dense tensors with an explicit mask instead of jagged tensors; positions are counted
-  from the right end (last column = ``max_len - 1``), so extra left padding changes nothing.
+Initialisation and eps as the reference: item embeddings truncated N(0, init_std) at ±2σ
+(init_std = 0.02 there), position embeddings truncated N(0, 1/D) at ±2σ, ``W_uvqk`` N(0, init_std),
+``rab`` tables N(0, init_std), ``f2`` Xavier-uniform weight and PyTorch's default bias; LN1 and LN2
+eps 1e-6. At init ``m`` is tiny (per-token Var_D(m) ~1e-8 on MovieLens windows, against eps 1e-6;
+``scripts/hstu_init_stats.py``), so LN2 starts as a gain ``~1/sqrt(eps)`` rather than a
+normaliser, in the reference as here.
+
+Deviations from the reference implementation, each deliberate:
+- Left-padded dense tensors with an explicit causal ∧ key-valid mask instead of jagged tensors
+  (the reference zeroes padded v instead: the same output). Positions are counted from the right
+  (last column = ``max_len - 1``), the convention of every backbone here, so the scoring position
+  always has the same embedding; the reference counts from the oldest item of the window (the
+  two agree for windows of ``max_len`` items).
 - The time gap of key ``j`` is measured from the *query's own* timestamp ``τ_t``. The reference
   uses the timestamp of the item *after* the query (the target's time at the last position), which
-  the history windows here do not carry; ours never reads a target's timestamp.
+  the history windows here do not carry; ours never reads a target's timestamp. Without
+  timestamps (``time_bias=false``) the position bias is kept; the reference then drops ``rab``
+  altogether (its ML-1M copy has timestamps, ours has not).
+- ``N_t = max_len``: the reference divides by its padded width ``max_len + 11`` (10 generative
+  output slots + 1, never trained on here), a constant 5% smaller at ``max_len = 200``.
 - The relative position table holds ``max_len`` entries (distances 0..max_len-1, the causal half);
-  the reference keeps ``2 max_len - 1`` entries, half of them masked away.
+  the reference keeps ``2 (max_len + 11) - 1`` entries, the rest masked away. Same function.
 - LN1 and LN2 have learned affine parameters (γ = 1, β = 0 at init, so equal to the reference's
-  non-affine norms at init); BFT.md §4 reads LN2's γ.
+  non-affine norms at init): BFT.md §4 reads LN2's γ, and the BFT twin must share this block.
 - ``attn_dropout`` is applied to the pointwise weights (the reference accepts but never applies it;
-  default 0.0 here for that reason). ``dropout`` acts on ``LN2(m) * u`` (as the reference) and on
-  the embeddings.
+  default 0.0 here for that reason). ``dropout`` acts on ``LN2(m) * u`` and on the embeddings, one
+  rate for both (the recipe sets both to 0.2).
 - One width ``d_model`` for q/k and for u/v (the reference allows separate ``attention_dim`` and
-  ``linear_dim``). ``d_ff`` is unused (HSTU has no FFN); it exists so the shared
-  ``debug=smoke`` overrides apply to every backbone.
+  ``linear_dim``; the recipe sets both to D = 50). ``d_ff`` is unused (HSTU has no FFN); it exists
+  so the shared ``debug=smoke`` overrides apply to every backbone.
 - ``loss=ce`` (full softmax over all cosines / temperature) is offered beside the reference's
-  sampled softmax; ``bce`` is rejected (the shared bce head ignores the temperature).
-- Initialisation N(0, init_std) for every weight (the reference uses truncated normal for items
-  and Xavier for f2).
+  sampled softmax; ``bce`` is rejected (the shared bce head ignores the temperature). The shared
+  sampled-softmax head (``bftrec.models.base.next_item_loss``) draws ``n_negatives`` uniform
+  negatives shared by the batch; the reference draws them per position (not yet aligned).
+- Training protocol (``bftrec.trainer``): the reference trains 101 epochs with AdamW(lr 1e-3,
+  betas (0.9, 0.98), weight decay 0) on everything but the test item and has no validation split;
+  here the validation item is held out, the best validation epoch is kept (early stopping), and
+  Adam/AdamW use torch's default betas (0.9, 0.999) (no trainer key for betas yet).
 """
 from __future__ import annotations
 
@@ -59,6 +79,7 @@ from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full
 
 ATTN_NORMS = ("max_len", "valid")
 TIME_BUCKET_DIVISOR = 0.301  # reference bucketisation: floor(ln(max(|Δt|, 1)) / 0.301)
+LN_EPS = 1e-6  # LN1 and LN2 eps of the reference (SequentialTransductionUnitJagged epsilon)
 
 
 @dataclass
@@ -73,7 +94,7 @@ class HSTUConfig:
     max_len: int = 50               # most recent items kept per sequence (L)
     loss: str = "sampled_softmax"   # sampled_softmax | ce, over cosine / temperature
     n_negatives: int = 128          # uniform negatives for sampled_softmax (shared by the batch)
-    init_std: float = 0.02          # N(0, init_std) initialisation
+    init_std: float = 0.02          # std of item embeddings (truncated), W_uvqk and rab (reference: 0.02)
     attn_norm: str = "max_len"      # max_len (reference) | valid: divide SiLU weights by this count
     time_bias: bool = True          # add the bucketed log time-gap bias (needs timestamps)
     n_time_buckets: int = 128       # time-gap buckets (the bias table has n_time_buckets + 1 rows)
@@ -110,8 +131,8 @@ class RelativeBias(nn.Module):
 class PointwiseAttention(nn.Module):
     """HSTU's pointwise aggregated attention with U gating inputs.
 
-    Parameters (BFT.md §4 names): ``uvqk`` (D -> 4D, u|v|q|k concatenated, SiLU applied to all),
-    ``rab`` (``RelativeBias``). ``weights`` gives the undropped pointwise weights ``w`` so that a
+    Parameters (BFT.md §4 names): ``uvqk`` (D -> 4D without bias, u|v|q|k concatenated, SiLU applied
+    to all; weight N(0, init_std)), ``rab`` (``RelativeBias``). ``weights`` gives the undropped pointwise weights ``w`` so that a
     BFT twin can reuse it.
     """
 
@@ -119,7 +140,8 @@ class PointwiseAttention(nn.Module):
                  n_time_buckets: int, init_std: float) -> None:
         super().__init__()
         self.n_heads, self.max_len, self.attn_norm = n_heads, max_len, attn_norm
-        self.uvqk = nn.Linear(d_model, 4 * d_model)
+        self.uvqk = nn.Linear(d_model, 4 * d_model, bias=False)
+        nn.init.normal_(self.uvqk.weight, std=init_std)
         self.rab = RelativeBias(max_len, n_time_buckets, init_std)
         self.attn_drop = nn.Dropout(attn_dropout)
 
@@ -159,18 +181,20 @@ class HSTUBlock(nn.Module):
     """``h' = h + f2(drop(LN2(m) ⊙ u))`` with ``m, u = attn(LN1(h))`` (no FFN; BFT.md §3/§4).
 
     Submodules: ``ln1``, ``attn.uvqk``, ``attn.rab.pos_w``, ``attn.rab.time_w``, ``ln2`` (norm of m),
-    ``f2`` (output projection). ``forward(h, masks, time=None)``: ``time`` (B, L) int64 unix
-    seconds, required when the block was built with time buckets.
+    ``f2`` (output projection: Xavier-uniform weight, PyTorch's default bias, as the reference). LN eps
+    ``LN_EPS``. ``forward(h, masks, time=None)``: ``time`` (B, L) int64 unix seconds, required when the
+    block was built with time buckets. The block initialises itself (the model does not re-init it).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, attn_dropout: float, max_len: int,
                  attn_norm: str, n_time_buckets: int, init_std: float) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
+        self.ln1 = nn.LayerNorm(d_model, eps=LN_EPS)
         self.attn = PointwiseAttention(d_model, n_heads, attn_dropout, max_len, attn_norm, n_time_buckets,
                                        init_std)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.f2 = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model, eps=LN_EPS)
+        self.f2 = nn.Linear(d_model, d_model)  # bias: torch's default U(±1/sqrt(D)), as the reference
+        nn.init.xavier_uniform_(self.f2.weight)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None, **ctx) -> torch.Tensor:
@@ -208,7 +232,7 @@ class HSTU(SeqRecModel):
         self.item_emb = nn.Embedding(info.n_items + 1, D, padding_idx=0)
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         self.emb_drop = nn.Dropout(cfg.dropout)
-        self.apply(self._init)
+        self.reset_embeddings()
         self.stack = build_stack(
             layer_cfg, HSTUBlock, cfg.n_layers, n_tokens=info.n_items + 1,
             precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts,
@@ -216,8 +240,13 @@ class HSTU(SeqRecModel):
             d_model=D, n_heads=cfg.n_heads, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
             max_len=cfg.max_len, attn_norm=cfg.attn_norm,
             n_time_buckets=cfg.n_time_buckets if cfg.time_bias else 0, init_std=cfg.init_std)
-        for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
-            block.apply(self._init)
+
+    @torch.no_grad()
+    def reset_embeddings(self) -> None:
+        """Reference init: items truncated N(0, init_std), positions truncated N(0, 1/D), both at ±2σ."""
+        for w, std in ((self.item_emb.weight, self.cfg.init_std), (self.pos_emb.weight, self.cfg.d_model ** -0.5)):
+            nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+        self.item_emb.weight[0].zero_()  # padding
 
     @torch.no_grad()
     def input_variance(self) -> float:

@@ -1,0 +1,46 @@
+"""HSTU matches its reference (meta-recsys/generative-recommenders, research/modeling/sequential/hstu.py)
+in initialisation and eps; the deliberate deviations are listed in ``bftrec/models/hstu.py``."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bftrec.layers import LAYER_CONFIGS
+from bftrec.models import MODELS, DataInfo
+
+D, N_ITEMS, MAX_LEN = 64, 3000, 50
+
+
+def _hstu(layer: str = "standard"):
+    torch.manual_seed(0)
+    cls = MODELS.get("hstu")
+    cfg = cls.Config(d_model=D, max_len=MAX_LEN, n_layers=2, time_bias=False)
+    info = DataInfo(n_items=N_ITEMS, train_counts=np.ones(N_ITEMS + 1, dtype=np.int64))
+    return cls(cfg, LAYER_CONFIGS[layer](), info)
+
+
+TRUNC_STD = 0.8796  # std of N(0, 1) truncated at ±2
+
+
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+def test_blocks_have_the_reference_eps_and_init(layer):
+    for block in _hstu(layer).stack.blocks:
+        assert block.ln1.eps == block.ln2.eps == 1e-6
+        assert block.attn.uvqk.bias is None  # the reference's uvqk is a bare matrix
+        torch.testing.assert_close(block.attn.uvqk.weight.std().item(), 0.02, rtol=0.05, atol=0)
+        w = block.f2.weight  # Xavier uniform: U(±sqrt(6 / (2D))), std sqrt(1 / D)
+        assert w.abs().max() <= math.sqrt(3 / D)
+        torch.testing.assert_close(w.std().item(), D ** -0.5, rtol=0.05, atol=0)
+        b = block.f2.bias  # torch's default Linear bias: U(±1/sqrt(D)), not zero
+        assert b.abs().max() <= D ** -0.5 and b.abs().max() > 0.5 * D ** -0.5
+
+
+def test_embeddings_have_the_reference_init():
+    model = _hstu()
+    item, pos = model.item_emb.weight, model.pos_emb.weight
+    assert item[0].abs().sum() == 0  # padding row
+    assert item.abs().max() <= 2 * 0.02 + 1e-7
+    torch.testing.assert_close(item[1:].std().item(), 0.02 * TRUNC_STD, rtol=0.03, atol=0)
+    assert pos.abs().max() <= 2 * D ** -0.5 + 1e-7
+    torch.testing.assert_close(pos.std().item(), D ** -0.5 * TRUNC_STD, rtol=0.06, atol=0)

@@ -1,0 +1,151 @@
+"""Training windows (``trainer.train_windows``): target coverage, ``last`` unchanged, bad input.
+
+``bftrec.data.batches.train_window_bounds`` states which training targets each mode predicts; these
+tests check it against a plain per-user loop, and run every backbone (and BFT) on sliding windows.
+"""
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from bftrec.config import ConfigError, EvalConfig, TrainerConfig
+from bftrec.data.batches import train_window_bounds, train_windows, windows
+from bftrec.trainer import check_trainer_config, epoch_batches, training_tensors
+from tests.test_train_e2e import smoke_cfg
+
+LENGTHS = [3, 4, 5, 7, 8, 9, 12, 13, 25, 31]  # interactions per user; training part = length - 2
+
+
+def _data(lengths=LENGTHS):
+    """Sequences whose item ids are their flat positions + 1, so a target id names its interaction."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    items = np.arange(1, offsets[-1] + 1, dtype=np.int64)
+    times = 1_600_000_000 + 60 * items
+    return SimpleNamespace(items=items, offsets=offsets, timestamps=times)
+
+
+def _target_counts(seqs: np.ndarray, n_flat: int) -> np.ndarray:
+    """(n_flat + 1,) how often each item id is a next-item target (an input precedes it) in ``seqs``."""
+    inputs, targets = seqs[:, :-1], seqs[:, 1:]
+    hits = targets[(inputs != 0) & (targets != 0)]
+    return np.bincount(hits, minlength=n_flat + 1)
+
+
+def _loop_windows(d, max_len: int, stride: int) -> list[list[int]]:
+    """Reference: per user, windows ending at n, n - S, ... while the end is >= 2 (or the one window)."""
+    out = []
+    for u in range(len(d.offsets) - 1):
+        train = list(d.items[d.offsets[u]: d.offsets[u + 1] - 2])
+        ends = list(range(len(train), 1, -stride)) or [len(train)]
+        out += [[0] * max(0, max_len + 1 - e) + train[max(0, e - max_len - 1): e] for e in ends]
+    return out
+
+
+@pytest.mark.parametrize("max_len, stride", [(4, None), (4, 4), (4, 3), (4, 1), (5, 2), (1, 1), (30, None)])
+def test_sliding_predicts_every_training_target(max_len, stride):
+    d = _data()
+    seqs, _ = training_tensors(d, max_len, torch.device("cpu"), "sliding", stride)
+    seqs = seqs.numpy()
+    counts = _target_counts(seqs, len(d.items))
+    S = stride or max_len
+    for u in range(len(LENGTHS)):
+        lo, hi = d.offsets[u], d.offsets[u + 1]
+        n = hi - lo - 2
+        assert counts[d.items[lo]] == 0  # t_0 has no history
+        assert counts[d.items[hi - 2]] == 0 and counts[d.items[hi - 1]] == 0  # validation, test targets
+        for i in range(1, n):
+            c = counts[d.items[lo + i]]
+            if i > n - 1 - max_len:  # the most recent max_len targets
+                assert c == 1 + (n - 1 - i) // S, (u, i)
+            else:
+                assert math.floor(max_len / S) <= c <= math.ceil(max_len / S), (u, i)
+            if S == max_len:
+                assert c == 1
+    # every window: left padding only, its last column a real item, the same windows as a plain loop
+    nonpad = seqs != 0
+    assert nonpad[:, -1].all()
+    assert (np.diff(nonpad.astype(int), axis=1) >= 0).all()
+    assert sorted(map(list, seqs)) == sorted(_loop_windows(d, max_len, S))
+
+
+def test_sliding_times_follow_items_and_the_first_rows_are_the_last_windows():
+    d = _data()
+    L = 4
+    last, last_t = training_tensors(d, L, torch.device("cpu"))
+    slid, slid_t = training_tensors(d, L, torch.device("cpu"), "sliding", 2)
+    U = len(LENGTHS)
+    assert len(slid) > U
+    assert torch.equal(slid[:U], last) and torch.equal(slid_t[:U], last_t)  # calibration batch unchanged
+    real = slid.ne(0)
+    assert torch.equal(slid_t[real], torch.from_numpy(d.timestamps)[slid[real] - 1])
+
+
+def test_last_is_unchanged():
+    """``last`` gives exactly the windows (and batches) the trainer used before the option existed."""
+    d = _data()
+    L = 6
+    seqs, times = training_tensors(d, L, torch.device("cpu"), "last", None)
+    old = torch.from_numpy(train_windows(d.items, d.offsets, L + 1))
+    old_t = torch.from_numpy(train_windows(d.timestamps, d.offsets, L + 1))
+    assert torch.equal(seqs, old) and torch.equal(times, old_t)
+    users, start, end = train_window_bounds(d.offsets, L + 1)
+    assert np.array_equal(users, np.arange(len(LENGTHS))) and np.array_equal(end, d.offsets[1:] - 2)
+    assert np.array_equal(windows(d.items, start, end, L + 1), old.numpy())
+    lengths = seqs.ne(0).sum(1)
+    a = epoch_batches(lengths, 3, torch.Generator().manual_seed(0))
+    b = epoch_batches(old.ne(0).sum(1), 3, torch.Generator().manual_seed(0))
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_ranks_take_disjoint_slices_of_the_windows():
+    seqs, _ = training_tensors(_data(), 3, torch.device("cpu"), "sliding", None)
+    lengths = seqs.ne(0).sum(1)
+    shares = [torch.cat(epoch_batches(lengths, 4, torch.Generator().manual_seed(1), r, 2)) for r in (0, 1)]
+    assert len(shares[0]) == len(shares[1]) == len(seqs) // 2
+    assert not set(shares[0].tolist()) & set(shares[1].tolist())
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"train_windows": "all"}, "trainer.train_windows='all'"),
+    ({"train_window_stride": 0}, "train_window_stride=0"),
+    ({"train_windows": "sliding", "train_window_stride": 13}, "train_window_stride=13"),
+])
+def test_bad_window_settings_fail_in_one_line(over, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        check_trainer_config(TrainerConfig(**over), EvalConfig(), max_len=12)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", ["trainer.train_windows=all", "trainer.train_window_stride=13"])
+def test_bad_window_settings_fail_before_data_is_loaded(tmp_path, monkeypatch, override):
+    import bftrec.train
+
+    def no_data(*a, **k):
+        raise AssertionError("data was loaded")
+
+    monkeypatch.setattr(bftrec.train, "load_dataset", no_data)
+    with pytest.raises(ConfigError, match="train_window"):
+        bftrec.train.run(smoke_cfg(tmp_path, override), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model, layer", [("sasrec", "standard"), ("bert4rec", "standard"), ("hstu", "standard"),
+                                          ("sasrec", "bft"), ("hstu", "bft")])
+def test_every_backbone_trains_on_sliding_windows(tmp_path, model, layer):
+    over = [f"model={model}", f"layer={layer}", "trainer.train_windows=sliding", "trainer.train_window_stride=6",
+            "trainer.max_steps_per_epoch=3", "eval.mechanism=false", "dataset.synthetic.n_users=120"]
+    m = run_cfg(tmp_path, over)
+    assert m["train_windows"] == {"mode": "sliding", "window_items": 13, "stride": 6,
+                                  "targets": "every training target at least once per epoch"}
+    assert np.isfinite(m["test"]["overall"]["NDCG@10"])
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["train_windows"]["mode"] == "sliding"
+
+
+def run_cfg(tmp_path, over):
+    from bftrec.train import run
+
+    return run(smoke_cfg(tmp_path, *over), tmp_path / "run")
