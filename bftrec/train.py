@@ -226,10 +226,12 @@ def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch
     test = stratify(table, counts, n_bins=ev.n_bins, bin_mode=ev.bin_mode, cold_max_history=thr,
                     ks=tuple(ev.ks))
     out = {"test": test, "ranks": table, "repeat_target_share": _repeat_share(data, table)}
-    if sink:
+    if sink is not None:  # every process takes part: the statistics are gathered over all of them
         hist = np.zeros(data.n_users, dtype=np.int64)
         hist[table["user"].to_numpy()] = table["history_len"].to_numpy()
-        out["mechanism"] = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+        if mech is not None:
+            out["mechanism"] = mech
     return out
 
 
