@@ -44,7 +44,9 @@ def _fake_sink(users: np.ndarray, seed: int = 0) -> list:
         x = g.integers(1, 31, size=(len(u), 6))
         x[np.arange(6)[None, :] < (u % 6)[:, None]] = 0  # user u has 6 - u % 6 real tokens
         valid = torch.from_numpy(x != 0).float()
-        rand = lambda: torch.from_numpy(g.random(x.shape)).float() * valid  # noqa: E731
+        def rand(g=g, x=x, valid=valid):
+            return torch.from_numpy(g.random(x.shape)).float() * valid
+
         layers = [{"K": rand(), "lam_obs": 40 * rand(), "n_eff": 3 * rand(), "Q": torch.full((4,), 0.1 * i + 0.1)}
                   for i in range(2)]
         out.append({"mech": {"lam0": 38 * rand(), "layers": layers}, "item_seq": torch.from_numpy(x), "users": u})
