@@ -8,6 +8,7 @@ start with the key's name (``validate``). The ``dataset`` group is checked again
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import logging
 from collections.abc import Iterable
@@ -172,3 +173,31 @@ def load_run_config(run_dir: Path) -> DictConfig:
     if "layer" in cfg:
         cfg.layer = OmegaConf.create(upgrade_legacy_layer(cfg.layer))
     return cfg
+
+
+def schema_defaults(schemas: dict) -> dict:
+    """{dotted key: default} of typed config groups, e.g. ``{"trainer": TrainerConfig, ...}``.
+
+    Nested dataclasses (``layer.tau``) are flattened; a field without a default is left out. Used
+    to compare a stored run's config with today's (``bftrec.grid.config_diff``).
+    """
+    out: dict = {}
+
+    def walk(cls, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                continue
+            if dataclasses.is_dataclass(value):
+                walk(type(value), f"{prefix}{f.name}.")
+            else:
+                out[f"{prefix}{f.name}"] = list(value) if isinstance(value, tuple) else value
+        return None
+
+    for group, cls in schemas.items():
+        walk(cls, f"{group}." if group else "")
+    return out
+

@@ -86,19 +86,34 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_diff(saved: dict, current: dict) -> list[str]:
-    """Dotted keys whose values differ between two resolved configs, volatile keys excluded."""
+def config_diff(saved: dict, current: dict, defaults: Optional[dict] = None) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs, volatile keys excluded.
+
+    ``defaults`` ({dotted key: schema default}, ``bftrec.config.schema_defaults``): a key that
+    ``saved`` lacks (the run predates the key) counts as equal when ``current`` holds its default,
+    since a new key's default is the behaviour from before it existed.
+    """
     a, b = _flat(saved), _flat(current)
-    return sorted(k for k in set(a) | set(b) if k not in VOLATILE and a.get(k, "<absent>") != b.get(k, "<absent>"))
+    defaults = defaults or {}
+
+    def same(k: str) -> bool:
+        if k not in a and k in b and k in defaults:
+            return b[k] == defaults[k]
+        return a.get(k, "<absent>") == b.get(k, "<absent>")
+
+    return sorted(k for k in set(a) | set(b) if k not in VOLATILE and not same(k))
 
 
-def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool) -> tuple[str, Optional[dict]]:
+def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool,
+                 defaults: Optional[dict] = None) -> tuple[str, Optional[dict]]:
     """Decide what to do with a run directory before any result is written to it.
 
     Args:
         out_dir: the cell's run directory (Hydra has already written its ``.hydra/`` record there).
         resolved: the resolved run config (``OmegaConf.to_container(cfg, resolve=True)``).
         skip_finished: the root key ``skip_finished``.
+        defaults: schema defaults of the config's keys (``config_diff``): keys added since the
+            stored run was written do not make it "another config" while they hold their default.
     Returns:
         ``("skipped", metrics)`` for a finished cell of the same config; ``("resumed", None)`` for an
         unfinished one (the caller sets ``trainer.resume`` to ``out_dir``); ``("ran", None)`` otherwise.
@@ -117,7 +132,7 @@ def prepare_cell(out_dir: Path, resolved: dict, skip_finished: bool) -> tuple[st
         stored = _read(saved, yaml.safe_load) or {}
         if isinstance(stored.get("layer"), dict):  # a run written before bft.units existed is BFT v1 (units=h)
             stored["layer"] = upgrade_legacy_layer(stored["layer"])
-        diff = config_diff(stored, resolved)
+        diff = config_diff(stored, resolved, defaults)
         if diff:
             raise ConfigError(f"{out_dir} holds a run of another config (differs at {', '.join(diff[:5])}); "
                               "choose another out_root or move that run away")

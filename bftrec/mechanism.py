@@ -5,68 +5,128 @@ A BFT stack fills the ``mech`` dict of a forward with
   ``h``: in the units of h, v1);
 - ``lam0``: (B, L) float32, λ̄⁰, the geometric mean of λ⁰ over D (0 on padding);
 - ``layers``: one dict per layer with ``K`` (B, L) float32 mean over D, ``lam_obs`` (B, L) float32
-  λ̄^obs, the geometric mean over D (BFT.md §6: a few extreme coordinates do not decide it), ``n_eff``
-  (B, L) float32 Kish effective sample size averaged over heads, and ``Q`` (D,) float32 process noise.
+  λ̄^obs, the geometric mean over D (BFT.md §6: a few extreme coordinates do not decide it),
+  ``n_eff`` (B, L) float32 Kish effective sample size averaged over heads, and ``Q`` (D,) float32
+  process noise.
 The evaluator collects these on the test histories and aggregates them over real tokens: per layer,
 by the item-frequency bin of each token's item (the same count thresholds as the test strata), and
-by cold versus warm user (arithmetic means over tokens of those per-token values). Standard layers fill
-nothing and get no ``mechanism`` block.
+by cold versus warm user. Standard layers fill nothing and get no ``mechanism`` block.
+
+The aggregation is generic over the keys: every (B, L) entry of a layer dict is averaged over
+tokens (``per_layer``), every other tensor (a parameter such as ``Q``) is reported as its mean
+(``<key>_mean``). Under torch.distributed each process holds the chunks of its own users; the
+processes exchange only sums and token counts per stratum (``all_gather_object``), so every process
+returns the statistics of all users, equal to the single-process ones up to float rounding.
 """
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from bftrec.metrics import assign_item_bins
 
 
-def _mean(x: np.ndarray) -> float | None:
-    return float(x.mean()) if x.size else None
-
-
-def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
-                        history_len: np.ndarray, cold_max_history: int) -> dict:
-    """Aggregate collected mechanism chunks over real tokens.
-
-    Args:
-        sink: list of {"mech": dict, "item_seq": (B, L) int64 tensor, "users": (B,) int64 array}.
-        train_counts: (N + 1,) int64 training counts per item id.
-        bins: the test strata's item-frequency bins (``metrics.item_freq_bins``).
-        history_len: (U,) int64 test history length per user index.
-        cold_max_history: users whose history length is <= this are cold.
-    Returns:
-        JSON-ready {"units", "precision_summary", "per_layer": [{"layer", "K", "lam_obs", "n_eff", "Q_mean"}],
-        "by_item_freq": [{"bin", "lo", "hi", "n_tokens", "K", "K_per_layer", "lam0"}],
-        "cold_users": {"max_history", "n_tokens", "K", "lam0"}, "warm_users": {...}}.
-        K without a layer index is the mean over layers.
-    """
-    items, lam0, users, per_layer = [], [], [], {"K": [], "lam_obs": [], "n_eff": []}
+def _token_values(sink: list) -> tuple[np.ndarray, np.ndarray, dict, dict]:
+    """(items (T,), users (T,), {name: (T,) or (n_layers, T) float64 per real token}, {param: (n_layers,) means})."""
+    items, users, tok, params = [], [], {}, {}
     for chunk in sink:
         valid = (chunk["item_seq"] != 0).cpu().numpy()  # (B, L)
         items.append(chunk["item_seq"].cpu().numpy()[valid])
-        lam0.append(chunk["mech"]["lam0"].float().cpu().numpy()[valid])
         users.append(np.repeat(chunk["users"], valid.sum(1)))
-        for key, acc in per_layer.items():
-            acc.append(np.stack([lay[key].float().cpu().numpy()[valid] for lay in chunk["mech"]["layers"]]))
-    q = [lay["Q"].float().cpu().numpy() for lay in sink[-1]["mech"]["layers"]]
-    items_a, lam0_a, users_a = np.concatenate(items), np.concatenate(lam0), np.concatenate(users)
-    st = {k: np.concatenate(v, axis=1) for k, v in per_layer.items()}  # each (n_layers, tokens)
-    k_all = st["K"]
-    out: dict = {"units": sink[-1]["mech"].get("units"),
+        mech = chunk["mech"]
+        tok.setdefault("lam0", []).append(mech["lam0"].double().cpu().numpy()[valid])
+        B, L = valid.shape
+        for key in mech["layers"][0]:
+            vals = [lay[key] for lay in mech["layers"]]
+            if tuple(vals[0].shape) == (B, L):
+                tok.setdefault(f"layer.{key}", []).append(np.stack([v.double().cpu().numpy()[valid] for v in vals]))
+            else:  # a parameter (e.g. Q (D,)): the same in every chunk
+                params[key] = np.array([float(v.float().mean()) for v in vals])
+    cat = {k: np.concatenate(v, axis=-1) for k, v in tok.items()}
+    return np.concatenate(items), np.concatenate(users), cat, params
+
+
+def mechanism_sums(sink: list, train_counts: np.ndarray, bins: list[dict], history_len: np.ndarray,
+                   cold_max_history: int) -> dict:
+    """Sufficient statistics of one process: per group (``all``, ``bin<b>``, ``cold``, ``warm``)
+    the token count ``<g>/n`` and the float64 sum ``<g>/<name>`` of every per-token value
+    (``lam0``: scalar; ``layer.<key>``: (n_layers,)); parameters under ``param/<key>``. {} for an empty sink."""
+    if not sink:
+        return {}
+    items, users, tok, params = _token_values(sink)
+    tok_bin = assign_item_bins(train_counts[items], bins)
+    cold = history_len[users] <= cold_max_history
+    groups = {"all": np.ones(len(items), dtype=bool), **{f"bin{b}": tok_bin == b for b in range(len(bins))},
+              "cold": cold, "warm": ~cold}
+    out: dict = {f"param/{k}": v for k, v in params.items()}
+    for g, sel in groups.items():
+        out[f"{g}/n"] = np.array(float(sel.sum()))
+        for name, v in tok.items():
+            out[f"{g}/{name}"] = v[..., sel].sum(-1)
+    return out
+
+
+def reduce_sums(sums: dict) -> dict:
+    """Sum the statistics of all processes (identity without torch.distributed); parameters are
+    taken from the first process that has them (they are replicated)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return sums
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, sums)
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = v if k not in out or k.startswith("param/") else out[k] + v
+    return out
+
+
+def _mean(total, n: float):
+    return float(total / n) if n else None
+
+
+def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
+                        history_len: np.ndarray, cold_max_history: int) -> dict | None:
+    """Aggregate collected mechanism chunks over real tokens (of all processes under torch.distributed).
+
+    Args:
+        sink: list of {"mech": dict, "item_seq": (B, L) int64 tensor, "users": (B,) int64 array};
+            may be empty on some processes. Under torch.distributed every process must call this.
+        train_counts: (N + 1,) int64 training counts per item id.
+        bins: the test strata's item-frequency bins (``metrics.item_freq_bins``).
+        history_len: (U,) int64 test history length per user index (all users).
+        cold_max_history: users whose history length is <= this are cold.
+    Returns:
+        None when no process collected anything (standard layers); else JSON-ready
+        {"units", "precision_summary",
+        "per_layer": [{"layer", "K", "lam_obs", "n_eff", "Q_mean"}] (one entry per (B, L) key and
+        ``<key>_mean`` per parameter), "by_item_freq": [{"bin", "lo", "hi", "n_tokens", "K",
+        "K_per_layer", "lam0"}], "cold_users": {"max_history", "n_tokens", "K", "lam0"},
+        "warm_users": {...}}. K without a layer index is the mean over layers and tokens.
+    """
+    s = reduce_sums(mechanism_sums(sink, train_counts, bins, history_len, cold_max_history))
+    if not s:
+        return None
+    token_keys = [k[len("all/layer."):] for k in s if k.startswith("all/layer.")]
+    params = [k[len("param/"):] for k in s if k.startswith("param/")]
+    n_layers = len(s["all/layer.K"])
+    n_all = float(s["all/n"])
+    units = next((c["mech"].get("units") for c in sink), None) if sink else None
+    out: dict = {"units": units,
                  "precision_summary": "lam0, lam_obs: per token the geometric mean over D (BFT.md §6), "
                                       "then the arithmetic mean over tokens",
-                 "per_layer": [{"layer": i, "K": _mean(k_all[i]), "lam_obs": _mean(st["lam_obs"][i]),
-                                "n_eff": _mean(st["n_eff"][i]), "Q_mean": float(q[i].mean())}
-                               for i in range(len(k_all))], "by_item_freq": []}
-    tok_bin = assign_item_bins(train_counts[items_a], bins)
+                 "per_layer": [{"layer": i, **{k: _mean(s[f"all/layer.{k}"][i], n_all) for k in token_keys},
+                                **{f"{k}_mean": float(s[f"param/{k}"][i]) for k in params}}
+                               for i in range(n_layers)], "by_item_freq": []}
+
+    def stratum(g: str) -> dict:
+        n = float(s[f"{g}/n"])
+        return {"n_tokens": int(n), "K": _mean(s[f"{g}/layer.K"].sum(), n * n_layers),
+                "K_per_layer": [_mean(x, n) for x in s[f"{g}/layer.K"]], "lam0": _mean(s[f"{g}/lam0"], n)}
+
     for b, info in enumerate(bins):
-        sel = tok_bin == b
-        out["by_item_freq"].append({"bin": info["bin"], "lo": info["lo"], "hi": info["hi"],
-                                    "n_tokens": int(sel.sum()), "K": _mean(k_all[:, sel]),
-                                    "K_per_layer": [_mean(k_all[i, sel]) for i in range(len(k_all))],
-                                    "lam0": _mean(lam0_a[sel])})
-    cold = history_len[users_a] <= cold_max_history
-    for name, sel in (("cold_users", cold), ("warm_users", ~cold)):
-        out[name] = {"max_history" if name == "cold_users" else "min_history":
-                     int(cold_max_history) + (name == "warm_users"),
-                     "n_tokens": int(sel.sum()), "K": _mean(k_all[:, sel]), "lam0": _mean(lam0_a[sel])}
+        out["by_item_freq"].append({"bin": info["bin"], "lo": info["lo"], "hi": info["hi"], **stratum(f"bin{b}")})
+    for name, g in (("cold_users", "cold"), ("warm_users", "warm")):
+        st = stratum(g)
+        del st["K_per_layer"]
+        out[name] = {"max_history" if g == "cold" else "min_history": int(cold_max_history) + (g == "warm"), **st}
     return out

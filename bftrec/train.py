@@ -28,10 +28,12 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from bftrec.config import (
     ConfigError,
     EvalConfig,
+    RunConfig,
     TrainerConfig,
     check_ks,
     load_run_config,
     merge_schema,
+    schema_defaults,
     unknown_key,
     validate_root,
 )
@@ -43,8 +45,15 @@ from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
-from bftrec.trainer import (check_trainer_config, fit, is_main, mean_gain, resolve_device, seed_everything,
-                            train_windows_block)
+from bftrec.trainer import (
+    check_trainer_config,
+    fit,
+    is_main,
+    mean_gain,
+    resolve_device,
+    seed_everything,
+    train_windows_block,
+)
 
 log = logging.getLogger("bftrec")
 # The Hydra config tree: package data ``bftrec/configs`` (in the checkout a link to the top-level configs/),
@@ -161,7 +170,9 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     with cell_lock(out_dir) if root.skip_finished and is_main() else nullcontext():
-        status, stored = prepare_cell(out_dir, resolved, root.skip_finished)
+        status, stored = prepare_cell(out_dir, resolved, root.skip_finished, defaults=schema_defaults({
+            "": RunConfig, "dataset": DatasetConfig, "model": g["model_cls"].Config, "layer": type(lc),
+            "trainer": TrainerConfig, "eval": EvalConfig}))
         if status == "skipped":
             metrics = stored
         else:
@@ -261,10 +272,12 @@ def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch
     test = stratify(table, counts, n_bins=ev.n_bins, bin_mode=ev.bin_mode, cold_max_history=thr,
                     ks=tuple(ev.ks))
     out = {"test": test, "ranks": table, "repeat_target_share": _repeat_share(data, table)}
-    if sink:
+    if sink is not None:  # every process takes part: the statistics are gathered over all of them
         hist = np.zeros(data.n_users, dtype=np.int64)
         hist[table["user"].to_numpy()] = table["history_len"].to_numpy()
-        out["mechanism"] = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+        if mech is not None:
+            out["mechanism"] = mech
     return out
 
 

@@ -7,14 +7,18 @@ and grouped as in ``make_tables.py`` (cells of (dataset, model, tag, layer); a t
 cell is compared with the standard cell of the same tag, else the tag-less one). Writes PNGs whose bytes
 do not change on a rerun:
 
-- ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of BFT over the standard layer in
-  test HR@10 / NDCG@10 — (mean_bft - mean_std) / mean_std over seeds — per stratum (item-frequency bins
-  Q0.. of the test target, cold and warm users); one panel per dataset, one bar group per backbone.
-- ``k_by_bin.png``: mean Kalman gain K of the BFT runs per stratum, mean ± std over seeds.
+- ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of every non-standard layer over the
+  standard layer in test HR@10 / NDCG@10 — (mean_layer - mean_std) / mean_std over seeds — per stratum
+  (item-frequency bins Q0.. of the test target, cold and warm users); one panel per dataset, one bar
+  per (backbone, layer). A gain that cannot be computed (the standard layer has no hit) is marked
+  "n/a" in a dashed box at 0, never drawn as an empty (+0%) bar.
+- ``k_by_bin.png``: mean Kalman gain K of the runs with a mechanism block per stratum, mean ± std over seeds.
 - ``training_curves.png``: validation NDCG@10 per epoch, one panel per (dataset, model); thick line =
   mean over seeds on the epochs every seed of the layer reached, faint lines = single seeds.
 
-A figure with nothing to plot (e.g. no BFT runs) is skipped, and the log says which and why.
+A figure with nothing to plot (e.g. no BFT runs) is skipped, and the log says which and why. Figures of
+a partial run set (``--allow-partial``) or of trial runs (overrides beyond the grid axes) say so in
+their title (``make_tables.run_note``).
 """
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ def tick_labels(run: dict) -> list[str]:
 
 
 def name(model: str, tag: str, layer: str | None = None) -> str:
-    return model + (f" ({layer})" if layer not in (None, "bft") else "") + (f" [{tag}]" if tag else "")
+    return model + (f" {layer}" if layer not in (None, "standard") else "") + (f" [{tag}]" if tag else "")
 
 
 def palette(labels) -> dict[str, str]:
@@ -95,13 +99,17 @@ def legend(ax, n: int, below: bool = True) -> None:
         ax.legend(fontsize=8)
 
 
-def save(fig: Figure, path: Path) -> None:
+def save(fig: Figure, path: Path, note: str = "") -> Figure:
+    """Write the PNG (no timestamp metadata); ``note`` (partial or trial runs) becomes the title."""
+    if note:
+        fig.suptitle(note, color="firebrick", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, metadata={"Software": None})
     log.info("wrote %s", path)
+    return fig
 
 
-def gain_figure(groups: dict, metric: str, path: Path) -> None:
+def gain_figure(groups: dict, metric: str, path: Path, note: str = "") -> Figure | None:
     panels: dict[str, list] = {}
     for key, rs in sorted(groups.items()):
         ds, model, tag, layer = key
@@ -111,8 +119,8 @@ def gain_figure(groups: dict, metric: str, path: Path) -> None:
             g = {n: 100 * (b[n][0] - s[n][0]) / s[n][0] if s[n][0] else np.nan for n in b}
             panels.setdefault(ds, []).append((name(model, tag, layer), g, rs[0], f"{len(rs)} vs {len(base)} seeds"))
     if not panels:
-        log.info("skipped %s: no (dataset, model) with both standard and bft runs", path.name)
-        return
+        log.info("skipped %s: no (dataset, model) with both standard and another layer", path.name)
+        return None
     colors = palette(series[0] for ss in panels.values() for series in ss)
     fig, axes = grid(len(panels))
     for ax, (ds, series) in zip(axes, panels.items()):
@@ -120,16 +128,20 @@ def gain_figure(groups: dict, metric: str, path: Path) -> None:
         width = 0.8 / len(series)
         for i, (lab, g, _, seeds) in enumerate(series):
             x = np.arange(len(names)) + (i - (len(series) - 1) / 2) * width
-            ax.bar(x, [g.get(n, np.nan) for n in names], width, label=f"{lab} ({seeds})", color=colors[lab])
+            vals = np.array([g.get(n, np.nan) for n in names], dtype=float)
+            ax.bar(x, vals, width, label=f"{lab} ({seeds})", color=colors[lab])
+            for xi in x[np.isnan(vals)]:  # undefined gain: a marked gap, not a bar of height 0
+                ax.text(xi, 0, "n/a", ha="center", va="bottom", rotation=90, fontsize=6, color=colors[lab],
+                        bbox={"boxstyle": "square,pad=0.2", "fc": "white", "ec": colors[lab], "ls": "--", "lw": 0.6})
         ax.axhline(0, color="black", lw=0.8)
         strata_axis(ax, tick_labels(series[0][2]))
         ax.set_title(ds)
-        ax.set_ylabel(f"BFT gain in {metric} (%)")
+        ax.set_ylabel(f"gain over standard in {metric} (%)")
         legend(ax, len(series))
-    save(fig, path)
+    return save(fig, path, note)
 
 
-def k_figure(groups: dict, path: Path) -> None:
+def k_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
     panels: dict[str, list] = {}
     for (ds, model, tag, layer), rs in sorted(groups.items()):
         rs = [r for r in rs if "mechanism" in r]
@@ -138,7 +150,7 @@ def k_figure(groups: dict, path: Path) -> None:
                                               stats(rs, "mechanism", "K"), rs[0]))
     if not panels:
         log.info("skipped %s: no bft runs with a mechanism section", path.name)
-        return
+        return None
     colors = palette(lab for series in panels.values() for lab, _, _ in series)
     fig, axes = grid(len(panels))
     for ax, (ds, series) in zip(axes, panels.items()):
@@ -151,7 +163,7 @@ def k_figure(groups: dict, path: Path) -> None:
         ax.set_title(ds)
         ax.set_ylabel("mean Kalman gain K")
         legend(ax, len(series))
-    save(fig, path)
+    return save(fig, path, note)
 
 
 def history(run: dict) -> pd.Series | None:
@@ -166,7 +178,7 @@ def history(run: dict) -> pd.Series | None:
     return h.drop_duplicates("epoch", keep="last").set_index("epoch")[CURVE_COL].dropna()
 
 
-def curves_figure(groups: dict, path: Path) -> None:
+def curves_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
     panels: dict[tuple, list] = {}
     standard_first = lambda kv: (kv[0][:3], kv[0][3] != "standard", kv[0][3])  # noqa: E731
     for (ds, model, tag, layer), rs in sorted(groups.items(), key=standard_first):
@@ -175,7 +187,7 @@ def curves_figure(groups: dict, path: Path) -> None:
             panels.setdefault((ds, model), []).append((layer + (f" [{tag}]" if tag else ""), hs))
     if not panels:
         log.info("skipped %s: no run has a history.csv with %s", path.name, CURVE_COL)
-        return
+        return None
     fig, axes = grid(len(panels))
     for ax, ((ds, model), series) in zip(axes, panels.items()):
         for i, (lab, hs) in enumerate(series):
@@ -189,7 +201,7 @@ def curves_figure(groups: dict, path: Path) -> None:
         ax.set_ylabel("valid NDCG@10")
         ax.grid(alpha=0.3)
         legend(ax, len(series), below=False)
-    save(fig, path)
+    return save(fig, path, note)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -205,12 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as e:
         raise SystemExit(str(e).replace("make_tables:", "make_figures:")) from None
     if missing:
-        log.warning("partial: %d cell groups missing (%s)", len(missing), "; ".join(missing))
+        log.warning("partial: %d cells missing (%s)", len(missing), "; ".join(make_tables.describe_missing(missing)))
     groups = make_tables.cells(runs)
-    gain_figure(groups, "HR@10", args.out / "gain_by_bin.png")
-    gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png")
-    k_figure(groups, args.out / "k_by_bin.png")
-    curves_figure(groups, args.out / "training_curves.png")
+    note = make_tables.run_note(runs, missing)
+    gain_figure(groups, "HR@10", args.out / "gain_by_bin.png", note)
+    gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png", note)
+    k_figure(groups, args.out / "k_by_bin.png", note)
+    curves_figure(groups, args.out / "training_curves.png", note)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,41 @@
 """Tables from run directories: numbers come only from ``metrics.json`` and ``ranks.csv.gz``, never logs.
 
-``config.yaml`` and ``env.json`` are read too, for the comparability check and the header.
+``config.yaml``, ``env.json`` and ``.hydra/overrides.yaml`` are read too, for the comparability check,
+the cell names and the header.
 
     python scripts/make_tables.py --runs results/office_sasrec/runs --out results/office_sasrec/tables
     python scripts/make_tables.py --runs results/paper_cpu/runs --grid configs/experiment/paper/cpu.yaml \
         --out results/paper_cpu/tables
 
+``--runs`` is any folder: one run directory, a Hydra multirun folder (any sweep) or a grid's ``runs/``.
+Runs of one (dataset, model, tag, layer, seed) cell launched with different command-line overrides
+(a sweep over ``trainer.lr``) are told apart by those overrides, which then act as their tag.
+
 Missing cells are never papered over: with ``--grid`` the expected cells are the grid config's
 ``hydra.sweeper.params`` (dataset x model x layer x seed); without it, every (dataset, model, tag,
-layer) found is expected for every seed found, and an untagged BFT cell expects its standard twin.
-A missing cell stops the script with the list (``--allow-partial`` writes the tables anyway and
-names the missing cells in every header). Runs outside ``--grid`` are left out and named in the header.
-Always an error: two runs of one cell, and runs compared with each other (seeds of a cell, BFT and its
-standard twin) whose protocol or config differ beyond the layer, seed and tag.
+layer) found is expected for every seed found, and, when the folder holds standard runs at all, an
+untagged non-standard cell expects its standard twin. A missing cell stops the script with the list
+(``--allow-partial`` writes the tables anyway and lists the missing cells in every header). Runs
+outside ``--grid`` are left out and named in the header. Always an error: two runs of one cell, and
+runs compared with each other (seeds of a cell; a layer and its standard baseline) whose protocol or
+config differ beyond the layer (across layers only), seed and tag. A key missing from one run's
+config (an older run) counts as the key's current default (``default_config``), after the legacy
+rules of ``normalise_config``.
 
-Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown and csv. A cell groups runs by
-(dataset, model, tag, layer); values are mean ± std over seeds. BFT is compared with the standard
-layer of the same (dataset, model) and tag, else the untagged one: relative gain of the means, and a paired test
-over users — each user's metric is first averaged over seeds (seeds never count as extra users),
-then a Wilcoxon signed-rank test (scipy) on the per-user differences. Every table starts with a
-header: protocol, commit, hardware and date of the runs.
+Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown and csv, and
+``comparisons.csv`` (one numeric row per comparison, metric and stratum). A cell groups runs by
+(dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
+with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
+one row: relative gain of the seed means; a paired Wilcoxon signed-rank test (scipy) over users of the
+per-user metric averaged over seeds (seeds never count as extra users); its Holm-adjusted p-value
+(``holm``); and a 95% percentile bootstrap interval of the gain over users (``bootstrap_gain_ci``).
+Every table starts with a header: protocol, commit, hardware and date of the runs, and what the
+statistics are.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -35,13 +47,32 @@ import pandas as pd
 import yaml
 from scipy.stats import wilcoxon
 
-from bftrec.grid import AXES, config_diff, sweep_axes
+from bftrec.config import upgrade_legacy_layer
+from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes
 
 METRICS = ("HR@10", "NDCG@10")
+STANDARD = "standard"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+BOOT_B, BOOT_SEED, BOOT_LEVEL = 1000, 0, 0.95  # bootstrap resamples, generator seed, interval level
+QUIET = ("dataset=", "model=", "layer=", "seed=", "experiment=", "out_root=", "data_root=", "cache_dir=",
+         "hydra", "trainer.num_threads=", "trainer.progress=", "trainer.device=", "log_level=")
+
+
+# ---------------------------------------------------------------------------------------------
+# runs, cells and the checks
+# ---------------------------------------------------------------------------------------------
+def _overrides(run_dir: Path) -> list[str]:
+    """The run's command-line overrides (``.hydra/overrides.yaml``) other than the grid axes and the
+    where-and-how-fast settings (``QUIET``)."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    found = (yaml.safe_load(path.read_text()) or []) if path.exists() else []
+    return [o for o in found if not o.lstrip("+~").startswith(QUIET)]
 
 
 def load_runs(root: Path) -> list[dict]:
-    """Every run below ``root``: its metrics.json plus the path of its ranks.csv.gz."""
+    """Every run below ``root`` (``root`` itself may be one run): its metrics.json plus the paths of
+    its folder and ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart
+    from other runs of the same cell (a sweep), joined into its tag when it has none."""
     runs = []
     for mpath in sorted(root.rglob("metrics.json")):
         if mpath.parent.name.startswith("eval_"):
@@ -51,11 +82,29 @@ def load_runs(root: Path) -> list[dict]:
         m["_env"] = json.loads(env.read_text()) if env.exists() else {}
         m["_ranks"] = mpath.parent / "ranks.csv.gz"
         m["_dir"] = mpath.parent
+        m["_overrides"] = _overrides(mpath.parent)
         m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
         runs.append(m)
     if not runs:
         raise SystemExit(f"make_tables: no metrics.json under {root}; run the experiment first")
+    _name_variants(runs)
     return runs
+
+
+def _name_variants(runs: list[dict]) -> None:
+    """Override keys with several values among the runs of one cell are sweep keys: an untagged run
+    gets ``key=value,...`` of those keys as its tag (``_variant``)."""
+    values: dict = {}
+    for r in runs:
+        cell = (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"])
+        for o in r["_overrides"]:
+            k, _, v = o.lstrip("+~").partition("=")
+            values.setdefault((cell, k), set()).add(v)
+    swept = {k for (_, k), vs in values.items() if len(vs) > 1}
+    for r in runs:
+        r["_variant"] = [o for o in r["_overrides"] if o.lstrip("+~").partition("=")[0] in swept]
+        if r["_variant"] and not r["tag"]:
+            r["tag"] = ",".join(o.lstrip("+~") for o in r["_variant"])
 
 
 def grid_cells(path: Path) -> set:
@@ -67,60 +116,124 @@ def grid_cells(path: Path) -> set:
     return {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*(axes[k] for k in AXES))}
 
 
-def missing_cells(runs: list[dict], expected: set | None = None) -> list[str]:
-    """Cells expected but absent, as ``dataset/model[/tag]/layer: seeds a, b`` lines.
+def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
+    """Cells (dataset, model, tag, layer, seed) expected but absent, sorted.
 
     Raises:
         SystemExit: two runs of the same cell (seeds would be double counted); names both folders.
     """
     found: dict = {}
     for r in runs:
-        found.setdefault((r["dataset"], r["model"], r.get("tag", ""), r["layer"], r["seed"]), []).append(r["_dir"])
+        found.setdefault((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]), []).append(r["_dir"])
     dups = [f"{cell_name(*k[:4])} seed {k[4]}: {', '.join(map(str, v))}" for k, v in found.items() if len(v) > 1]
     if dups:
         raise SystemExit(f"make_tables: {len(dups)} cell(s) with more than one run; keep one each: {'; '.join(dups)}")
     if expected is None:
         seeds = {k[4] for k in found}
-        groups = {k[:4] for k in found} | {(d, m, "", "standard") for d, m, t, layer, _ in found
-                                           if layer != "standard" and not t}
+        twins = any(k[3] == STANDARD for k in found)  # no standard run at all: nothing to compare with
+        groups = {k[:4] for k in found} | {(d, m, "", STANDARD) for d, m, t, layer, _ in found
+                                           if twins and layer != STANDARD and not t}
         expected = {g + (s,) for g in groups for s in seeds}
-    by_group: dict = {}
-    for d, m, t, layer, s in sorted(expected - set(found)):
-        by_group.setdefault(cell_name(d, m, t, layer), []).append(str(s))
-    return [f"{g}: seeds {', '.join(s)}" for g, s in by_group.items()]
+    return sorted(expected - set(found))
+
+
+def describe_missing(missing: list[tuple]) -> list[str]:
+    """Missing cells as compact lines, one per dataset: ``office: sasrec bft seeds 1, 2; hstu
+    standard, bft seeds 0, 1, 2`` (backbones missing the same are listed together)."""
+    per_cell: dict = {}
+    for d, m, t, layer, s in missing:
+        per_cell.setdefault((d, m, t), {}).setdefault(layer, []).append(str(s))
+    per_ds: dict = {}
+    for (d, m, t), layers in per_cell.items():
+        by_seeds: dict = {}
+        for layer, seeds in layers.items():
+            by_seeds.setdefault(", ".join(seeds), []).append(layer)
+        what = "; ".join(f"{', '.join(ls)} seed{'s' if ',' in s else ''} {s}" for s, ls in by_seeds.items())
+        per_ds.setdefault(d, {}).setdefault(what, []).append(m + (f" [{t}]" if t else ""))
+    return [f"{d}: " + "; ".join(f"{', '.join(models)} {what}" for what, models in items.items())
+            for d, items in per_ds.items()]
 
 
 def cell_name(dataset: str, model: str, tag: str, layer: str) -> str:
     return "/".join(x for x in (dataset, model, tag, layer) if x)
 
 
-def _config(run: dict) -> dict:
+def normalise_config(cfg: dict) -> dict:
+    """Legacy rules: rewrite a run's saved config (nested, as in its ``config.yaml``) into today's
+    terms before it is compared with other runs. Keys it lacks are then filled from
+    ``default_config``. Rule: a bft layer config without ``bft.units`` is v1, ``units=h``
+    (``bftrec.config.upgrade_legacy_layer``, the rule every loading path uses)."""
+    if isinstance(cfg.get("layer"), dict):
+        cfg = {**cfg, "layer": upgrade_legacy_layer(cfg["layer"])}
+    return cfg
+
+
+@functools.cache
+def default_config(dataset: str, model: str, layer: str) -> dict:
+    """Today's flat config of a cell: Hydra composition of ``configs/train.yaml`` with
+    ``dataset=, model=, layer=`` (tuned config included), each group completed with its dataclass
+    defaults. {} when the repo cannot compose it (a name no longer in ``configs/``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from bftrec.config import ConfigError
+    from bftrec.train import typed_groups
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("train", overrides=[f"dataset={dataset}", f"model={model}", f"layer={layer}"])
+        typed = typed_groups(cfg)
+    except (HydraException, ConfigError, ValueError):
+        return {}
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.update({k: dataclasses.asdict(v) for k, v in typed.items()
+                if k in out and dataclasses.is_dataclass(v)})
+    return _flat(out)
+
+
+def run_config(run: dict) -> dict:
+    """The run's flat config after ``normalise_config`` ({} without config.yaml)."""
     path = run["_dir"] / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    return _flat(normalise_config(cfg))
+
+
+def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
+    """Dotted keys whose values differ between two runs' configs (volatile keys and keys starting
+    with ``ignore`` excluded); a key absent from one config takes the current default of that run's
+    cell (``default_config``)."""
+    ca, cb = run_config(a), run_config(b)
+    out = []
+    for k in sorted(k for k in (set(ca) | set(cb)) - VOLATILE if not k.startswith(ignore)):
+        va, vb = (c[k] if k in c else default_config(r["dataset"], r["model"], r["layer"]).get(k, "<absent>")
+                  for c, r in ((ca, a), (cb, b)))
+        if va != vb:
+            out.append(k)
+    return out
 
 
 def check_comparable(groups: dict) -> None:
-    """Refuse to compare runs whose protocol or config differ beyond layer.*, seed and tag (one line).
+    """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
+    between a layer and its standard baseline); one line naming both folders and the keys.
 
-    Compared are the seeds of a cell and a BFT cell with its standard baseline (``baseline``).
+    Compared are the seeds of a cell and each non-standard cell with its standard baseline (``baseline``).
     """
-    allowed = ("layer.", "seed", "tag", "tuned_config")
     for key, rs in groups.items():
-        base = baseline(groups, key) if key[3] != "standard" else None
-        pool = rs + (base or [])
-        ref, ref_cfg = pool[0], _config(pool[0])
-        ref_proto = {k: v for k, v in ref["protocol"].items() if k != "repeat_target_share"}
-        for r in pool[1:]:
-            proto = {k: v for k, v in r["protocol"].items() if k != "repeat_target_share"}
-            diff = [k for k in sorted(set(proto) | set(ref_proto)) if proto.get(k) != ref_proto.get(k)]
-            diff += [k for k in config_diff(ref_cfg, _config(r)) if not k.startswith(allowed)]
+        base = baseline(groups, key) if key[3] != STANDARD else None
+        pairs = [(rs[0], r, ("seed", "tag")) for r in rs[1:]]
+        pairs += [(rs[0], r, ("seed", "tag", "tuned_config", "layer.")) for r in base or []]
+        for ref, r, allowed in pairs:
+            pa, pb = ({k: v for k, v in x["protocol"].items() if k != "repeat_target_share"} for x in (ref, r))
+            diff = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+            diff += config_differences(ref, r, ignore=allowed)
             if diff:
                 raise SystemExit(f"make_tables: {ref['_dir']} and {r['_dir']} are compared in one table but differ "
                                  f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
 
 
 def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = "make_tables") -> tuple:
-    """Runs of ``root`` ready for tables or figures: (runs, missing cell lines, ignored run folders).
+    """Runs of ``root`` ready for tables or figures: (runs, missing cells, ignored run folders).
 
     With ``grid``, runs outside it are left out (and returned as ignored). Raises SystemExit on
     missing cells unless ``allow_partial``, on duplicate runs and on runs that are not comparable.
@@ -136,12 +249,32 @@ def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = 
             raise SystemExit(f"{prog}: no run under {root} belongs to the grid {grid}")
     missing = missing_cells(runs, cells_)
     if missing and not allow_partial:
-        raise SystemExit(f"{prog}: cells missing under {root}: {'; '.join(missing)}. Finish them (a grid "
-                         "rerun skips finished cells) or pass --allow-partial")
+        raise SystemExit(f"{prog}: {len(missing)} cells missing under {root}: {'; '.join(describe_missing(missing))}. "
+                         "Finish them (a grid rerun skips finished cells) or pass --allow-partial")
     check_comparable(cells(runs))
     return runs, missing, ignored
 
 
+def cells(runs: list[dict]) -> dict:
+    out: dict = {}
+    for r in runs:
+        out.setdefault((r["dataset"], r["model"], r["tag"], r["layer"]), []).append(r)
+    return out
+
+
+def baseline(groups: dict, key: tuple) -> list[dict] | None:
+    ds, model, tag, _ = key
+    return groups.get((ds, model, tag, STANDARD)) or groups.get((ds, model, "", STANDARD))
+
+
+def layers_of(groups: dict) -> list[str]:
+    """Non-standard layer names present, sorted (they are data: any layer != standard is compared)."""
+    return sorted({k[3] for k in groups} - {STANDARD})
+
+
+# ---------------------------------------------------------------------------------------------
+# paired statistics over users
+# ---------------------------------------------------------------------------------------------
 @functools.cache
 def rank_table(path: Path) -> pd.DataFrame:
     """A run's ranks.csv.gz, read once (every stratum, metric and comparison reuses it; do not mutate)."""
@@ -158,48 +291,344 @@ def per_user(run: dict, metric: str) -> pd.Series:
     return pd.Series(val.to_numpy(), index=r["user"].to_numpy())
 
 
-def paired_p(bft_runs: list[dict], std_runs: list[dict], metric: str, users=None) -> float | None:
-    """Wilcoxon signed-rank p-value over users of seed-averaged per-user metrics (None if undefined)."""
-    a = pd.concat([per_user(r, metric) for r in bft_runs], axis=1).mean(axis=1)
-    b = pd.concat([per_user(r, metric) for r in std_runs], axis=1).mean(axis=1)
+@functools.cache
+def _seed_mean(ranks: tuple[Path, ...], metric: str) -> pd.Series:
+    """Per-user metric averaged over the runs whose rank tables are ``ranks`` (do not mutate)."""
+    return pd.concat([per_user({"_ranks": p}, metric) for p in ranks], axis=1).mean(axis=1)
+
+
+def paired_users(runs_a: list[dict], runs_b: list[dict], metric: str, users=None) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b): (n,) float64 per-user metric averaged over the seeds of each side, on the users both
+    sides scored (restricted to ``users`` when given), in user order."""
+    a = _seed_mean(tuple(r["_ranks"] for r in runs_a), metric)
+    b = _seed_mean(tuple(r["_ranks"] for r in runs_b), metric)
     a, b = a.align(b, join="inner")
     if users is not None:
         a, b = a[a.index.isin(users)], b[b.index.isin(users)]
-    d = (a - b).to_numpy()
-    if len(d) == 0 or np.all(d == 0):
+    return a.to_numpy(), b.to_numpy()
+
+
+def paired_p(runs_a: list[dict], runs_b: list[dict], metric: str, users=None) -> float | None:
+    """Two-sided Wilcoxon signed-rank p-value over users of seed-averaged per-user metrics (None if undefined)."""
+    return wilcoxon_p(*paired_users(runs_a, runs_b, metric, users))
+
+
+def wilcoxon_p(a: np.ndarray, b: np.ndarray) -> float | None:
+    if len(a) == 0 or np.all(a == b):
         return None
-    return float(wilcoxon(a.to_numpy(), b.to_numpy()).pvalue)
+    return float(wilcoxon(a, b).pvalue)
 
 
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (Holm 1979, Scand. J. Statist. 6:65-70), same order.
+
+    With the m defined p-values sorted ascending, p_(i) becomes max over j <= i of
+    min(1, (m - j + 1) p_(j)); rejecting where the adjusted p < α controls the family-wise error
+    rate at α. None (no test) stays None and is not counted in m.
+    """
+    defined = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    out: list[float | None] = [None] * len(pvalues)
+    running, m = 0.0, len(defined)
+    for j, (p, i) in enumerate(defined):
+        running = max(running, min(1.0, (m - j) * p))
+        out[i] = running
+    return out
+
+
+def _weight_chunks(n: int, n_boot: int, seed: int):
+    """Bootstrap resamples of n users as (chunk, n) float64 counts (how often each user is drawn),
+    drawn by ``np.random.default_rng(seed)`` in chunks of bounded memory."""
+    rng = np.random.default_rng(seed)
+    step = max(1, min(n_boot, 4_000_000 // n))
+    for lo in range(0, n_boot, step):
+        m = min(step, n_boot - lo)
+        idx = rng.integers(0, n, size=(m, n))  # (m, n) drawn user positions
+        flat = (np.arange(m)[:, None] * n + idx).ravel()
+        yield np.bincount(flat, minlength=m * n).reshape(m, n).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_weights(n: int, n_boot: int, seed: int) -> tuple:
+    """The same resamples for every comparison on n users (a stratum of one dataset)."""
+    return tuple(_weight_chunks(n, n_boot, seed))
+
+
+def bootstrap_gain_ci(a: np.ndarray, b: np.ndarray, n_boot: int = BOOT_B, seed: int = BOOT_SEED,
+                      level: float = BOOT_LEVEL) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the relative gain (mean a - mean b) / mean b.
+
+    Users are resampled with replacement, pairs kept together, ``n_boot`` times with
+    ``np.random.default_rng(seed)``. a, b: (n,) float per-user metrics (seed-averaged). A resample
+    whose mean b is 0 counts as gain +inf (0 where mean a is 0 too). None when n = 0 or mean b = 0.
+    """
+    n = len(a)
+    if n == 0 or not b.mean():
+        return None
+    ab = np.stack([a, b], axis=1).astype(np.float64)  # (n, 2)
+    chunks = _cached_weights(n, n_boot, seed) if n * n_boot <= 6_000_000 else _weight_chunks(n, n_boot, seed)
+    sums = np.concatenate([w @ ab for w in chunks])  # (n_boot, 2): resampled sums of a, b
+    sa, sb = sums[:, 0], sums[:, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gains = np.where(sb > 0, (sa - sb) / np.where(sb > 0, sb, 1), np.where(sa > 0, np.inf, 0))
+    lo_q, hi_q = np.quantile(gains, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")  # no inf - inf
+    return float(lo_q), float(hi_q)
+
+
+def strata_of(run: dict) -> list[tuple[str, object, str]]:
+    """(name, where, range) per stratum: ``overall``, item-frequency bins Q0.., cold, warm users."""
+    t = run["test"]
+    out = [("overall", "overall", "")]
+    out += [(b["bin"], i, f"{b['lo']}-{b['hi']}") for i, b in enumerate(t["by_item_freq"])]
+    return out + [("cold", "cold_users", f"hist<={t['cold_users']['max_history']}"), ("warm", "warm_users", "")]
+
+
+def stratum_value(run: dict, where, key: str):
+    t = run["test"]
+    return (t["by_item_freq"][where] if isinstance(where, int) else t[where])[key]
+
+
+def stratum_users(run: dict, where) -> np.ndarray | None:
+    """Users of a stratum from the run's rank table (None: all users)."""
+    if where == "overall":
+        return None
+    r = rank_table(run["_ranks"])
+    if isinstance(where, int):
+        b = run["test"]["by_item_freq"][where]
+        if b["lo"] is None:
+            return np.array([], dtype=np.int64)
+        return r["user"][(r["target_count"] >= b["lo"]) & (r["target_count"] <= b["hi"])].to_numpy()
+    thr = run["test"]["cold_users"]["max_history"]
+    sel = r["history_len"] <= thr if where == "cold_users" else r["history_len"] > thr
+    return r["user"][sel].to_numpy()
+
+
+def relative_gain(vals: list, base: list) -> float | None:
+    b = np.mean([x for x in base if x is not None])
+    return float((np.mean([x for x in vals if x is not None]) - b) / b) if b else None
+
+
+def comparisons(groups: dict) -> pd.DataFrame:
+    """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
+    means), p (Wilcoxon), p_holm (Holm over all rows of the same metric and stratum), ci_lo, ci_hi
+    (bootstrap, relative), n_users, seeds and baseline seeds."""
+    rows = []
+    for key, rs in sorted(groups.items()):
+        base = baseline(groups, key) if key[3] != STANDARD else None
+        if not base:
+            continue
+        for name, where, _ in strata_of(rs[0]):
+            users = stratum_users(rs[0], where)
+            for m in METRICS:
+                a, b = paired_users(rs, base, m, users)
+                ci = bootstrap_gain_ci(a, b)
+                rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "stratum": name,
+                             "metric": m, "gain": relative_gain([stratum_value(r, where, m) for r in rs],
+                                                                [stratum_value(r, where, m) for r in base]),
+                             "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
+                             "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
+                             "baseline_seeds": len(base)})
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["p_holm"] = None
+        for _, idx in df.groupby(["metric", "stratum"], sort=False).groups.items():
+            df.loc[idx, "p_holm"] = holm([None if pd.isna(p) else p for p in df.loc[idx, "p"]])
+    return df
+
+
+def pct(x) -> str:
+    return "–" if x is None or pd.isna(x) else ("+inf%" if np.isinf(x) else f"{100 * x:+.1f}%")
+
+
+def pval(x) -> str:
+    return "–" if x is None or pd.isna(x) else f"{x:.3g}"
+
+
+def gain_cell(c: dict | None) -> str:
+    """``+4.1% (p, p_Holm, [lo, hi])``; empty when there is no comparison."""
+    if c is None:
+        return ""
+    ci = f"[{pct(c['ci_lo'])}, {pct(c['ci_hi'])}]" if c["ci_lo"] is not None and not pd.isna(c["ci_lo"]) else "–"
+    return f"{pct(c['gain'])} ({pval(c['p'])}, {pval(c['p_holm'])}, {ci})"
+
+
+def gain_col(metric: str, layer: str, stratum: str = "") -> str:
+    return f"{stratum + ' ' if stratum else ''}{metric} gain {layer} (p, p_Holm, 95% CI)"
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------------------------
 def fmt(values: list[float], digits: int = 4) -> str:
+    """Mean ± std over seeds; one seed: the value alone, marked ``(1 seed)``; none: ``–``."""
     v = [x for x in values if x is not None]
     if not v:
         return "–"
     return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}" if len(v) > 1 else f"{v[0]:.{digits}f} (1 seed)"
 
 
-def gain(bft: list, std: list) -> str:
-    b, s = np.mean([x for x in bft if x is not None]), np.mean([x for x in std if x is not None])
-    return f"{100 * (b - s) / s:+.1f}%" if s else "–"
+def fmt_epochs(epochs: list[int]) -> str:
+    return f"{epochs[0]} (1 seed)" if len(epochs) == 1 else fmt(epochs, digits=1)
 
 
-QUIET = ("dataset=", "model=", "layer=", "seed=", "experiment=", "out_root=", "data_root=", "cache_dir=",
-         "hydra", "trainer.num_threads=", "trainer.progress=", "trainer.device=", "log_level=")
+def row_keys(groups: dict) -> list[tuple]:
+    return sorted({k[:3] for k in groups})
+
+
+def _lookup(comp: pd.DataFrame) -> dict:
+    if not len(comp):
+        return {}
+    return {tuple(r[k] for k in ("dataset", "model", "tag", "layer", "stratum", "metric")): r
+            for r in comp.to_dict("records")}
+
+
+def _seeds(groups: dict, key3: tuple, layers: list[str]) -> str:
+    n = {layer: len(groups[key3 + (layer,)]) for layer in [STANDARD] + layers if key3 + (layer,) in groups}
+    return str(next(iter(n.values()))) if len(set(n.values())) == 1 else ", ".join(f"{k} {v}" for k, v in n.items())
+
+
+def overall_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, model, tag); per metric the standard layer, then each other layer with
+    its gain cell; then validation NDCG@10 and best epoch per layer."""
+    layers, look = layers_of(groups), _lookup(comp)
+    rows = []
+    for k3 in row_keys(groups):
+        row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "seeds": _seeds(groups, k3, layers)}
+        for m in METRICS:
+            for layer in [STANDARD] + layers:
+                rs = groups.get(k3 + (layer,))
+                row[f"{m} {layer}"] = fmt([r["test"]["overall"][m] for r in rs]) if rs else "–"
+                if layer != STANDARD:
+                    row[gain_col(m, layer)] = gain_cell(look.get(k3 + (layer, "overall", m)))
+        for layer in [STANDARD] + layers:
+            rs = groups.get(k3 + (layer,))
+            row[f"valid NDCG@10 {layer}"] = fmt([r["valid"]["NDCG@10"] for r in rs]) if rs else "–"
+            row[f"best epoch {layer}"] = fmt_epochs([r["best_epoch"] for r in rs]) if rs else "–"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def strata_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, model, tag, stratum): the item-frequency bins of the test target, cold and
+    warm users; per metric the standard layer, then each other layer with its gain cell."""
+    layers, look = layers_of(groups), _lookup(comp)
+    rows = []
+    for k3 in row_keys(groups):
+        first = next(groups[k3 + (layer,)] for layer in [STANDARD] + layers if k3 + (layer,) in groups)[0]
+        for name, where, rng in strata_of(first)[1:]:
+            row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "stratum": name, "range": rng,
+                   "users": stratum_value(first, where, "n_users")}
+            for m in METRICS:
+                for layer in [STANDARD] + layers:
+                    rs = groups.get(k3 + (layer,))
+                    row[f"{m} {layer}"] = fmt([stratum_value(r, where, m) for r in rs]) if rs else "–"
+                    if layer != STANDARD:
+                        row[gain_col(m, layer)] = gain_cell(look.get(k3 + (layer, name, m)))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _mech_strata(run: dict) -> list[tuple[str, str, dict]]:
+    mech = run["mechanism"]
+    return ([(b["bin"], f"{b['lo']}-{b['hi']}", b) for b in mech["by_item_freq"]]
+            + [("cold", "", mech["cold_users"]), ("warm", "", mech["warm_users"])])
+
+
+def mechanism_table(groups: dict) -> pd.DataFrame:
+    """One row per (dataset, model, tag, stratum) and per block (``layer i``); per layer with a
+    mechanism block: mean K (after training, test histories), mean λ0 (strata) and K at init (blocks)."""
+    layers = [layer for layer in layers_of(groups)
+              if any("mechanism" in r for k, rs in groups.items() if k[3] == layer for r in rs)]
+    rows = []
+    for k3 in row_keys(groups):
+        cells_ = {layer: [r for r in groups.get(k3 + (layer,), []) if "mechanism" in r] for layer in layers}
+        cells_ = {layer: rs for layer, rs in cells_.items() if rs}
+        if not cells_:
+            continue
+        first = next(iter(cells_.values()))[0]
+        names = [(n, rng) for n, rng, _ in _mech_strata(first)]
+        names += [(f"layer {b['layer']}", "all tokens") for b in first["mechanism"]["per_layer"]]
+        for i, (name, rng) in enumerate(names):
+            row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "stratum": name, "range": rng}
+            for layer in layers:
+                rs = cells_.get(layer)
+                if not rs:
+                    row.update({f"K {layer}": "–", f"λ0 {layer}": "", f"K at init {layer}": ""})
+                elif name.startswith("layer "):
+                    j = int(name.split()[1])
+                    init = [(r["mechanism"].get("gain_first_batch") or {}).get("initial_K_per_layer") for r in rs]
+                    row.update({f"K {layer}": fmt([r["mechanism"]["per_layer"][j]["K"] for r in rs]), f"λ0 {layer}": "",
+                                f"K at init {layer}": fmt([k[j] if k else None for k in init], digits=5)})
+                else:
+                    entries = [_mech_strata(r)[i][2] for r in rs]
+                    row.update({f"K {layer}": fmt([e["K"] for e in entries]),
+                                f"λ0 {layer}": fmt([e["lam0"] for e in entries]), f"K at init {layer}": ""})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, model, tag) with a comparison: the paper's claims side by side for every
+    layer against standard (overall HR@10 and NDCG@10, rarest item bin, cold users) and K / λ0 on
+    the rarest and the most popular bin."""
+    layers, look = layers_of(groups), _lookup(comp)
+    rows = []
+    for k3 in row_keys(groups):
+        present = [layer for layer in layers if k3 + (layer, "overall", "HR@10") in look]
+        if not present:
+            continue
+        first = groups[k3 + (present[0],)][0]
+        bins = [b["bin"] for b in first["test"]["by_item_freq"]]
+        q0, qn = bins[0], bins[-1]
+        std = baseline(groups, k3 + (present[0],))
+        row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "seeds": _seeds(groups, k3, layers),
+               "HR@10 standard": fmt([r["test"]["overall"]["HR@10"] for r in std])}
+        for layer in layers:
+            rs = groups.get(k3 + (layer,))
+            row[f"HR@10 {layer}"] = fmt([r["test"]["overall"]["HR@10"] for r in rs]) if rs else "–"
+            for m, st in (("HR@10", "overall"), ("NDCG@10", "overall"), ("HR@10", q0), ("HR@10", "cold")):
+                row[gain_col(m, layer, "" if st == "overall" else st)] = gain_cell(look.get(k3 + (layer, st, m)))
+            mech = [r["mechanism"] for r in rs or [] if "mechanism" in r]
+            for key, lab in (("K", "K"), ("lam0", "λ0")):
+                vals = [np.mean([m["by_item_freq"][i][key] for m in mech]) if mech and all(
+                    m["by_item_freq"][i][key] is not None for m in mech) else None for i in (0, -1)]
+                row[f"{lab} {q0} / {qn} {layer}"] = (" / ".join(f"{v:.4f}" if v is not None else "–" for v in vals)
+                                                     if mech else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def extra_overrides(runs: list[dict]) -> list[str]:
-    """Command-line overrides of the runs (``.hydra/overrides.yaml``) other than the grid axes and
-    where-and-how-fast settings, with how many runs used each: a trial ``trainer.epochs=2`` shows."""
+    """Command-line overrides of the runs other than the grid axes, where-and-how-fast settings and
+    the sweep keys that name cells (``_variant``), with how many runs used each: a trial
+    ``trainer.epochs=2`` shows."""
     count: dict = {}
     for r in runs:
-        path = r["_dir"] / ".hydra" / "overrides.yaml"
-        for o in (yaml.safe_load(path.read_text()) or []) if path.exists() else []:
-            if not o.lstrip("+~").startswith(QUIET):
+        for o in r["_overrides"]:
+            if o not in r.get("_variant", ()):
                 count[o] = count.get(o, 0) + 1
     return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
 
 
-def header(runs: list[dict], missing: list[str], ignored: list[str] = ()) -> str:
+def run_note(runs: list[dict], missing: list[tuple]) -> str:
+    """``PARTIAL: n of m cells missing; TRIAL: overrides ...`` for titles; empty for a complete plain run set."""
+    notes = [f"PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing"] if missing else []
+    extra = extra_overrides(runs)
+    if extra:
+        notes.append(f"TRIAL: {'; '.join(extra)}")
+    return "; ".join(notes)
+
+
+STATS = (f"- gain: relative difference of the seed means, (mean layer − mean standard) / mean standard (– where the "
+         "standard layer has no hit); p: two-sided Wilcoxon signed-rank test over users of the per-user metric "
+         "averaged over seeds (seeds never count as extra users); p_Holm: Holm step-down adjustment over the family "
+         "of all comparisons of one metric in one stratum (overall counts as one) across every dataset, backbone, "
+         "tag and layer in these tables; 95% CI: percentile bootstrap over users of the gain of the seed-averaged "
+         f"per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
+         "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
+         "(else the untagged one)")
+
+
+def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ()) -> str:
     shas = sorted({r["_env"].get("git_sha", "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
                    for r in runs})
     hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
@@ -220,160 +649,56 @@ def header(runs: list[dict], missing: list[str], ignored: list[str] = ()) -> str
     if extra:
         lines.append(f"- overrides beyond dataset, model, layer, seed: {'; '.join(extra)}")
     if missing:
-        lines.append(f"- **PARTIAL: {len(missing)} cell groups missing** ({'; '.join(missing)}); "
-                     "means, gains and p-values use the seeds present")
+        lines.append(f"- **PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing**; means, gains and "
+                     "p-values use the seeds present. Missing:")
+        lines += [f"  - {line}" for line in describe_missing(missing)]
     if ignored:
         lines.append(f"- left out: {len(ignored)} runs outside the grid ({'; '.join(ignored)})")
     return "\n".join(lines)
 
 
-def cells(runs: list[dict]) -> dict:
-    out: dict = {}
-    for r in runs:
-        out.setdefault((r["dataset"], r["model"], r.get("tag", ""), r["layer"]), []).append(r)
-    return out
-
-
-def baseline(groups: dict, key: tuple) -> list[dict] | None:
-    ds, model, tag, _ = key
-    return groups.get((ds, model, tag, "standard")) or groups.get((ds, model, "", "standard"))
-
-
-def overall_table(groups: dict) -> pd.DataFrame:
-    rows = []
-    for key, rs in sorted(groups.items()):
-        row = {"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "seeds": len(rs)}
-        base = baseline(groups, key) if key[3] != "standard" else None
-        for m in METRICS:
-            vals = [r["test"]["overall"][m] for r in rs]
-            row[m] = fmt(vals)
-            if base:
-                row[f"{m} gain"] = gain(vals, [r["test"]["overall"][m] for r in base])
-                p = paired_p(rs, base, m)
-                row[f"{m} p"] = f"{p:.3g}" if p is not None else "–"
-        row["valid NDCG@10"] = fmt([r["valid"]["NDCG@10"] for r in rs])
-        epochs = [r["best_epoch"] for r in rs]
-        row["best epoch"] = f"{np.mean(epochs):.1f} ± {np.std(epochs, ddof=1) if len(epochs) > 1 else 0.0:.1f}"
-        rows.append(row)
-    return pd.DataFrame(rows).fillna("")
-
-
-def strata_table(groups: dict) -> pd.DataFrame:
-    rows = []
-    for key, rs in sorted(groups.items()):
-        base = baseline(groups, key) if key[3] != "standard" else None
-        strata = [(b["bin"], i, f"{b['lo']}-{b['hi']}") for i, b in enumerate(rs[0]["test"]["by_item_freq"])]
-        strata += [("cold", "cold_users", f"hist<={rs[0]['test']['cold_users']['max_history']}"),
-                   ("warm", "warm_users", "")]
-        for name, where, rng in strata:
-            def get(r, m, where=where):
-                return (r["test"]["by_item_freq"][where] if isinstance(where, int) else r["test"][where])[m]
-            row = {"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "stratum": name,
-                   "range": rng, "users": get(rs[0], "n_users")}
-            users = _stratum_users(rs[0], where)
-            for m in METRICS:
-                vals = [get(r, m) for r in rs]
-                row[m] = fmt(vals)
-                if base:
-                    row[f"{m} gain"] = gain(vals, [get(r, m) for r in base])
-                    p = paired_p(rs, base, m, users)
-                    row[f"{m} p"] = f"{p:.3g}" if p is not None else "–"
-            rows.append(row)
-    return pd.DataFrame(rows).fillna("")
-
-
-def _stratum_users(run: dict, where) -> np.ndarray:
-    r = rank_table(run["_ranks"])
-    if isinstance(where, int):
-        b = run["test"]["by_item_freq"][where]
-        if b["lo"] is None:
-            return np.array([], dtype=np.int64)
-        return r["user"][(r["target_count"] >= b["lo"]) & (r["target_count"] <= b["hi"])].to_numpy()
-    thr = run["test"]["cold_users"]["max_history"]
-    sel = r["history_len"] <= thr if where == "cold_users" else r["history_len"] > thr
-    return r["user"][sel].to_numpy()
-
-
-def mechanism_table(groups: dict) -> pd.DataFrame:
-    rows = []
-    for key, rs in sorted(groups.items()):
-        if "mechanism" not in rs[0]:
-            continue
-        for i, b in enumerate(rs[0]["mechanism"]["by_item_freq"]):
-            rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "stratum": b["bin"],
-                         "range": f"{b['lo']}-{b['hi']}",
-                         "mean K": fmt([r["mechanism"]["by_item_freq"][i]["K"] for r in rs]),
-                         "mean λ0": fmt([r["mechanism"]["by_item_freq"][i]["lam0"] for r in rs])})
-        for g in ("cold_users", "warm_users"):
-            rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "stratum": g.split("_")[0],
-                         "range": "", "mean K": fmt([r["mechanism"][g]["K"] for r in rs]),
-                         "mean λ0": fmt([r["mechanism"][g]["lam0"] for r in rs])})
-        for layer in rs[0]["mechanism"]["per_layer"]:
-            i = layer["layer"]
-            init = [(r["mechanism"].get("gain_first_batch") or {}).get("initial_K_per_layer") for r in rs]
-            rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "stratum": f"layer {i}",
-                         "range": "all tokens",
-                         "mean K": fmt([r["mechanism"]["per_layer"][i]["K"] for r in rs]),
-                         "mean λ0": "",
-                         # K before the first step, on the first training batch (metrics.json gain_first_batch)
-                         "K at init": fmt([k[i] if k else None for k in init], digits=5)})
-    return pd.DataFrame(rows)
-
-
-def summary_table(overall: pd.DataFrame, strata: pd.DataFrame, mech: pd.DataFrame) -> pd.DataFrame:
-    """One row per BFT cell with a baseline: the paper's claims side by side (overall, rarest bin Q0,
-    cold users, and K / λ0 on the rarest and the most popular bin). Built from the other three tables."""
-    key = ["dataset", "model", "tag"]
-    rows = []
-    for _, b in overall[overall["layer"] != "standard"].iterrows():
-        if not b.get("HR@10 gain"):
-            continue
-        std = overall[(overall[key] == b[key]).all(axis=1) & (overall["layer"] == "standard")]
-        st = strata[(strata[key] == b[key]).all(axis=1) & (strata["layer"] == b["layer"])].set_index("stratum")
-        q0, qn = st.index[0], [x for x in st.index if x.startswith("Q")][-1]
-        row = {**b[key].to_dict(), "seeds": b["seeds"],
-               "HR@10 standard": std["HR@10"].iloc[0] if len(std) else "–", "HR@10 BFT": b["HR@10"],
-               "HR@10 gain (p)": f"{b['HR@10 gain']} ({b['HR@10 p']})",
-               "NDCG@10 gain (p)": f"{b['NDCG@10 gain']} ({b['NDCG@10 p']})",
-               f"{q0} HR@10 gain (p)": f"{st.loc[q0, 'HR@10 gain']} ({st.loc[q0, 'HR@10 p']})",
-               "cold HR@10 gain (p)": f"{st.loc['cold', 'HR@10 gain']} ({st.loc['cold', 'HR@10 p']})"}
-        if len(mech):
-            mk = mech[(mech[key] == b[key]).all(axis=1)].set_index("stratum")
-            if q0 in mk.index:
-                row[f"K {q0} / {qn}"] = f"{mk.loc[q0, 'mean K'].split(' ')[0]} / {mk.loc[qn, 'mean K'].split(' ')[0]}"
-                row[f"λ0 {q0} / {qn}"] = (f"{mk.loc[q0, 'mean λ0'].split(' ')[0]} / "
-                                          f"{mk.loc[qn, 'mean λ0'].split(' ')[0]}")
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str) -> None:
+def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.md").write_text(f"# {title}\n\n{head}\n\n{df.to_markdown(index=False)}\n")
+    paths = [out / f"{name}.csv", out / f"{name}.md"]
+    df.to_csv(paths[0], index=False)
+    paths[1].write_text(f"# {title}\n\n{head}\n\n{df.to_markdown(index=False)}\n")
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
+    ap.add_argument("--runs", type=Path, required=True,
+                    help="folder searched for metrics.json: one run, a multirun folder or a grid's runs/")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tables")
     ap.add_argument("--grid", type=Path, help="grid config whose cells are expected (configs/experiment/paper/*.yaml)")
     ap.add_argument("--allow-partial", action="store_true",
-                    help="write tables despite missing cells (named in the header)")
+                    help="write tables despite missing cells (listed in the header)")
     args = ap.parse_args(argv)
     runs, missing, ignored = select_runs(args.runs, args.grid, args.allow_partial)
     groups = cells(runs)
+    comp = comparisons(groups)
     head = header(runs, missing, ignored)
-    overall, strata, mech = overall_table(groups), strata_table(groups), mechanism_table(groups)
-    write(overall, args.out, "overall", "Overall test metrics (mean ± std over seeds)", head)
-    write(strata, args.out, "strata", "Test metrics by stratum (mean ± std over seeds)", head)
+    stat_head = f"{head}\n{STATS}" if len(comp) else head
+    mech_head = (f"{head}\n- K: mean Kalman gain over real tokens of the test histories at the best checkpoint "
+                 "(strata: mean over blocks); λ0: mean initial precision; K at init: per block, on the first training "
+                 "batch after calibration and before the first step (gain_first_batch),"
+                 " so only on block rows")
+    wrote = write(overall_table(groups, comp), args.out, "overall", "Overall test metrics (mean ± std over seeds)",
+                  stat_head)
+    wrote += write(strata_table(groups, comp), args.out, "strata", "Test metrics by stratum (mean ± std over seeds)",
+                   stat_head)
+    mech = mechanism_table(groups)
     if len(mech):
-        write(mech, args.out, "mechanism", "BFT mechanism by stratum (test histories, mean ± std over seeds)",
-              head)
-    summary = summary_table(overall, strata, mech)
+        wrote += write(mech, args.out, "mechanism", "BFT mechanism by stratum (test histories, mean ± std over seeds)",
+                       mech_head)
+    summary = summary_table(groups, comp)
     if len(summary):
-        write(summary, args.out, "summary", "BFT against standard: overall, rarest items, cold users, mechanism "
-              "(test; gains are relative, p from the paired Wilcoxon test)", head)
+        wrote += write(summary, args.out, "summary", "Every layer against standard: overall, rarest items, cold "
+                       "users, mechanism (test)", stat_head)
+        args.out.mkdir(parents=True, exist_ok=True)
+        comp.to_csv(args.out / "comparisons.csv", index=False)
+        wrote.append(args.out / "comparisons.csv")
+    print(f"make_tables: wrote {len(wrote)} files to {args.out}: {', '.join(p.name for p in wrote)}")
 
 
 if __name__ == "__main__":

@@ -171,3 +171,18 @@ def test_bad_grid_config_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"cannot parse the sweep model=choice\(a,"):
         sweep_axes(bad)
     assert sweep_axes(Path(CONFIG_DIR) / "experiment" / "paper" / "cpu.yaml")["seed"] == ["0", "1", "2"]
+
+
+def test_key_added_since_a_run_counts_as_its_default():
+    """A stored run that predates a key is the same config while the key holds its schema default."""
+    from bftrec.config import TrainerConfig, schema_defaults
+    from bftrec.grid import config_diff
+
+    defaults = schema_defaults({"trainer": TrainerConfig})
+    saved = {"trainer": {"lr": 0.001}}
+    assert "trainer.train_windows" in defaults  # a key that old runs lack
+    same = {"trainer": {"lr": 0.001, "train_windows": defaults["trainer.train_windows"]}}
+    other = {"trainer": {"lr": 0.001, "train_windows": "sliding"}}
+    assert config_diff(saved, same, defaults) == []
+    assert config_diff(saved, other, defaults) == ["trainer.train_windows"]
+    assert config_diff(saved, same) == ["trainer.train_windows"]  # without defaults: absent differs

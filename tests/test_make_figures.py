@@ -15,17 +15,20 @@ def _make_figures():
     return load_script("make_figures")
 
 
-def _fake_run(d: Path, layer: str, seed: int, epochs: int = 4) -> None:
-    """A run directory with the keys the figures read; bft runs score a little higher and have K."""
-    up = 0.01 * (layer == "bft") + 0.001 * seed
+def _fake_run(d: Path, layer: str, seed: int, epochs: int = 4, q0_hit: bool = True) -> None:
+    """A run directory with the keys the figures read; bft runs score a little higher and have K.
+    ``q0_hit=False``: the standard layer has no hit in Q0 (the gain there is undefined)."""
+    up = 0.01 * (layer != "standard") + 0.001 * seed
     strat = {"HR@10": 0.1 + up, "NDCG@10": 0.05 + up}
     bins = [{"bin": f"Q{i}", "lo": 3 * i, "hi": 3 * i + 2, "n_users": 10, "HR@10": 0.05 * (i + 1) + up,
              "NDCG@10": 0.02 * (i + 1) + up} for i in range(3)]
+    if not q0_hit and layer == "standard":
+        bins[0].update({"HR@10": 0.0, "NDCG@10": 0.0})
     m = {"dataset": "toy", "model": "sasrec", "layer": layer, "seed": seed, "tag": "",
          "protocol": {"split": "leave-one-out", "candidates": "all items"},
          "test": {"by_item_freq": bins, "cold_users": {"max_history": 4, "n_users": 12, **strat},
                   "warm_users": {"n_users": 18, **strat}}}
-    if layer == "bft":
+    if layer != "standard":
         m["mechanism"] = {"by_item_freq": [{"bin": b["bin"], "lo": b["lo"], "hi": b["hi"], "K": 0.7 + 0.01 * i,
                                             "lam0": 40.0} for i, b in enumerate(bins)],
                           "cold_users": {"K": 0.68, "lam0": 39.0}, "warm_users": {"K": 0.75, "lam0": 40.0}}
@@ -67,3 +70,44 @@ def test_only_standard_runs_skip_gain_and_k(runs, tmp_path, caplog):
 def test_no_runs_exits_naming_the_folder(tmp_path):
     with pytest.raises(SystemExit, match=re.escape(str(tmp_path))):
         _make_figures().main(["--runs", str(tmp_path), "--out", str(tmp_path / "figs")])
+
+
+def _groups(runs):
+    mt = load_script("make_tables")
+    return mt, mt.cells(mt.load_runs(runs))
+
+
+def test_undefined_gain_is_marked_not_drawn_as_zero(tmp_path):
+    for layer in ("standard", "bft"):
+        _fake_run(tmp_path / "runs" / layer / "seed0", layer, 0, q0_hit=False)
+    _, groups = _groups(tmp_path / "runs")
+    fig = _make_figures().gain_figure(groups, "HR@10", tmp_path / "g.png")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["n/a"] and ax.texts[0].get_position() == (0, 0)  # Q0 only
+
+
+def test_every_layer_gets_its_bars(runs, tmp_path):
+    for seed in (0, 1):
+        _fake_run(runs / "bft_h" / f"seed{seed}", "bft_h", seed)
+    _, groups = _groups(runs)
+    mf = _make_figures()
+    labels = mf.gain_figure(groups, "HR@10", tmp_path / "g.png").axes[0].get_legend_handles_labels()[1]
+    assert labels == ["sasrec bft (2 vs 2 seeds)", "sasrec bft_h (2 vs 2 seeds)"]
+    k_labels = mf.k_figure(groups, tmp_path / "k.png").axes[0].get_legend_handles_labels()[1]
+    assert len(k_labels) == 2
+
+
+def test_partial_and_trial_runs_say_so_in_the_title(runs, tmp_path):
+    (runs / "bft" / "seed1" / "metrics.json").unlink()
+    hydra = runs / "standard" / "seed0" / ".hydra"
+    hydra.mkdir()
+    (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.epochs=2\n")
+    mt, groups = _groups(runs)
+    loaded = mt.load_runs(runs)
+    note = mt.run_note(loaded, mt.missing_cells(loaded))
+    assert note == "PARTIAL: 1 of 4 cells missing; TRIAL: trainer.epochs=2 (1 runs)"
+    mf = _make_figures()
+    for fig in (mf.gain_figure(groups, "HR@10", tmp_path / "g.png", note),
+                mf.k_figure(groups, tmp_path / "k.png", note), mf.curves_figure(groups, tmp_path / "c.png", note)):
+        assert fig.get_suptitle() == note
+    assert mf.gain_figure(groups, "HR@10", tmp_path / "g.png").get_suptitle() == ""

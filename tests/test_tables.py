@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from bftrec.train import run
@@ -24,19 +26,53 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_tables_written_with_header_gain_and_p(runs):
+def _copy(runs, tmp_path):
+    import shutil
+
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def _edit_config(run_dir: Path, edit) -> None:
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    edit(cfg)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def _as_layer(src: Path, dst: Path, layer: str) -> None:
+    """A copy of run ``src`` relabelled as layer ``layer`` (a third layer such as bft_h)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "metrics.json").read_text())
+    m["layer"] = layer
+    m["test"]["overall"]["HR@10"] *= 1.05
+    (dst / "metrics.json").write_text(json.dumps(m))
+    _edit_config(dst, lambda c: c["layer"].update(name=layer))
+
+
+def test_tables_written_with_header_gain_and_p(runs, capsys):
     mt = _make_tables()
     mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
+    out = capsys.readouterr().out
+    assert "make_tables: wrote 9 files" in out and "summary.md" in out  # says what it wrote
     overall = (runs / "tables" / "overall.md").read_text()
     assert "protocol: leave-one-out" in overall and "commit(s):" in overall
-    assert "HR@10 gain" in overall and "HR@10 p" in overall
+    assert "HR@10 gain bft (p, p_Holm, 95% CI)" in overall and "p_Holm: Holm step-down" in overall
+    assert "B=1000 resamples" in overall
     strata = (runs / "tables" / "strata.md").read_text()
     for name in ("Q0", "Q4", "cold", "warm"):
         assert name in strata
     mech = (runs / "tables" / "mechanism.md").read_text()
-    assert "mean K" in mech and "layer 0" in mech
+    assert "K bft" in mech and "K at init bft" in mech and "layer 0" in mech
+    assert "nan" not in mech  # K at init is blank on stratum rows
     summary = (runs / "tables" / "summary.csv").read_text().splitlines()
-    assert len(summary) == 2 and "Q0 HR@10 gain (p)" in summary[0] and "K Q0 / Q4" in summary[0]
+    assert len(summary) == 2 and "Q0 HR@10 gain bft (p, p_Holm, 95% CI)" in summary[0]
+    assert "K Q0 / Q4 bft" in summary[0]
+    comp = pd.read_csv(runs / "tables" / "comparisons.csv")
+    assert set(comp["stratum"]) >= {"overall", "Q0", "cold", "warm"} and comp["ci_lo"].notna().any()
 
 
 def test_seed_mean_matches_metrics_json(runs):
@@ -45,8 +81,32 @@ def test_seed_mean_matches_metrics_json(runs):
     std = groups[("synthetic", "sasrec", "", "standard")]
     paths = [runs / "runs" / "standard" / f"seed{s}" / "metrics.json" for s in (0, 1)]
     vals = [json.loads(p.read_text())["test"]["overall"]["HR@10"] for p in paths]
-    assert mt.fmt(vals) == mt.overall_table(groups).query("layer == 'standard'")["HR@10"].iloc[0]
+    assert mt.fmt(vals) == mt.overall_table(groups, mt.comparisons(groups))["HR@10 standard"].iloc[0]
     assert len(std) == 2
+
+
+def test_one_seed_prints_the_value_alone():
+    mt = _make_tables()
+    assert mt.fmt_epochs([7]) == "7 (1 seed)" and mt.fmt_epochs([7, 9]) == "8.0 ± 1.4"
+    assert mt.fmt([0.25]) == "0.2500 (1 seed)"
+
+
+def test_holm_step_down():
+    holm = _make_tables().holm
+    # sorted 0.01, 0.03, 0.04 (m = 3): 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04)
+    assert np.allclose(holm([0.01, 0.04, 0.03, None])[:3], [0.03, 0.06, 0.06])
+    assert holm([0.01, 0.04, 0.03, None])[3] is None and holm([0.6, 0.9]) == [1.0, 1.0]
+
+
+def test_bootstrap_interval_is_fixed_and_covers_the_gain():
+    ci = _make_tables().bootstrap_gain_ci
+    rng = np.random.default_rng(1)
+    b = rng.random(300)
+    assert np.allclose(ci(2 * b, b), (1.0, 1.0))  # every resample has gain exactly +100%
+    a = b + rng.normal(0.05, 0.2, 300)
+    lo, hi = ci(a, b)
+    assert lo < a.mean() / b.mean() - 1 < hi and ci(a, b) == (lo, hi)  # fixed seed: same interval
+    assert ci(a, np.zeros(300)) is None and ci(a[:0], b[:0]) is None
 
 
 def test_paired_test_averages_users_over_seeds(runs):
@@ -76,11 +136,19 @@ def test_partial_folder_names_missing_cells(runs, tmp_path):
     grid.write_text("hydra:\n  sweeper:\n    params:\n      dataset: synthetic\n      model: sasrec,hstu\n"
                     "      layer: standard,bft\n      seed: 0,1\n")
     args = ["--runs", str(runs / "runs"), "--grid", str(grid), "--out", str(tmp_path / "t")]
-    with pytest.raises(SystemExit, match="synthetic/hstu/bft: seeds 0, 1; synthetic/hstu/standard: seeds 0, 1"):
+    with pytest.raises(SystemExit, match="4 cells missing .*: synthetic: hstu bft, standard seeds 0, 1"):
         mt.main(args)
     assert not (tmp_path / "t").exists()  # no misleading table
     mt.main(args + ["--allow-partial"])
-    assert "PARTIAL: 2 cell groups missing" in (tmp_path / "t" / "overall.md").read_text()
+    head = (tmp_path / "t" / "overall.md").read_text()
+    assert "PARTIAL: 4 of 8 cells missing" in head and "\n  - synthetic: hstu bft, standard seeds 0, 1\n" in head
+
+
+def test_missing_cells_are_listed_compactly_per_dataset():
+    describe = _make_tables().describe_missing
+    missing = [("lastfm", m, "", layer, s) for m in ("hstu", "sasrec") for layer in ("bft", "bft_h") for s in (1, 2)]
+    missing += [("office", "sasrec", "", "standard", 0)]
+    assert describe(missing) == ["lastfm: hstu, sasrec bft, bft_h seeds 1, 2", "office: sasrec standard seed 0"]
 
 
 def test_missing_seed_and_duplicate_run_are_found_without_grid(runs):
@@ -88,9 +156,10 @@ def test_missing_seed_and_duplicate_run_are_found_without_grid(runs):
     loaded = mt.load_runs(runs / "runs")
     assert mt.missing_cells(loaded) == []
     drop = [r for r in loaded if not (r["layer"] == "bft" and r["seed"] == 1)]
-    assert mt.missing_cells(drop) == ["synthetic/sasrec/bft: seeds 1"]
-    no_std = [r for r in loaded if r["layer"] == "bft"]
-    assert mt.missing_cells(no_std) == ["synthetic/sasrec/standard: seeds 0, 1"]
+    assert mt.missing_cells(drop) == [("synthetic", "sasrec", "", "bft", 1)]
+    no_std = [r for r in loaded if not (r["layer"] == "standard" and r["seed"] == 1)]
+    assert mt.missing_cells(no_std) == [("synthetic", "sasrec", "", "standard", 1)]
+    assert mt.missing_cells([r for r in loaded if r["layer"] == "bft"]) == []  # no standard run: nothing to pair
     with pytest.raises(SystemExit, match="more than one run"):
         mt.missing_cells(loaded + loaded[:1])
 
@@ -145,3 +214,79 @@ def test_same_results_finds_identical_and_changed_cells(runs, tmp_path, capsys):
     assert same.main([str(runs / "runs"), str(tmp_path / "runs")]) == 1
     assert "synthetic/sasrec/bft/1: differs at test.overall.HR@10" in capsys.readouterr().out
     assert same.main([str(runs / "runs"), str(runs / "runs" / "bft")]) == 0  # a subset matches too
+
+
+def test_every_layer_is_compared_with_standard_side_by_side(runs, tmp_path):
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    for seed in (0, 1):
+        _as_layer(root / "bft" / f"seed{seed}", root / "bft_h" / f"seed{seed}", "bft_h")
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+    overall = pd.read_csv(tmp_path / "t" / "overall.csv")
+    for layer in ("bft", "bft_h"):
+        assert overall[f"HR@10 gain {layer} (p, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
+    assert len(overall) == 1  # one row per (dataset, model, tag), the layers side by side
+    comp = pd.read_csv(tmp_path / "t" / "comparisons.csv")
+    both = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")]
+    assert sorted(both["layer"]) == ["bft", "bft_h"]  # the Holm family holds both comparisons
+    assert np.allclose(both["p_holm"], mt.holm(list(both["p"])))
+    mech = (tmp_path / "t" / "mechanism.md").read_text()
+    assert "K bft_h" in mech and "λ0 bft_h" in mech and "K at init bft_h" in mech
+
+
+def test_a_key_absent_from_an_older_run_counts_as_its_default(runs, tmp_path):
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    _edit_config(root / "bft" / "seed1", lambda c: c["trainer"].pop("length_bucketing"))
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # absent = today's default: comparable
+    _edit_config(root / "bft" / "seed0", lambda c: c["trainer"].update(length_bucketing=False))
+    with pytest.raises(SystemExit, match="differ at trainer.length_bucketing"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+
+
+def test_normalise_config_is_applied_before_comparing(runs, tmp_path, monkeypatch):
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    _edit_config(root / "bft" / "seed1", lambda c: c["layer"]["bft"].update(units="h"))
+    with pytest.raises(SystemExit, match="differ at layer.bft.units"):  # seeds of one cell: layer.* counts
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+
+    def legacy(cfg):  # the kind of rule the hook is for: a bft config without units is units=h
+        if cfg["layer"]["name"] == "bft":
+            cfg["layer"]["bft"].setdefault("units", "h")
+        return cfg
+
+    monkeypatch.setattr(mt, "normalise_config", legacy)
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+
+
+def test_one_run_folder_gives_tables(runs, tmp_path):
+    mt = _make_tables()
+    mt.main(["--runs", str(runs / "runs" / "bft" / "seed0"), "--out", str(tmp_path / "t")])
+    overall = pd.read_csv(tmp_path / "t" / "overall.csv")
+    assert len(overall) == 1 and overall["HR@10 bft"].str.endswith("(1 seed)").all()
+    assert (tmp_path / "t" / "mechanism.md").exists() and not (tmp_path / "t" / "summary.md").exists()
+
+
+def test_a_multirun_sweep_gives_one_row_per_swept_value(runs, tmp_path):
+    """A Hydra multirun folder of a sweep over trainer.lr: the swept override names the cells."""
+    import shutil
+
+    mt = _make_tables()
+    sweep = tmp_path / "multirun" / "2026-01-01"
+    job = 0
+    for lr in (0.001, 0.002):
+        for layer in ("standard", "bft"):
+            for seed in (0,):
+                d = sweep / "synthetic" / "sasrec" / layer / f"seed{seed}_job{job}"
+                shutil.copytree(runs / "runs" / layer / f"seed{seed}", d)
+                _edit_config(d, lambda c, lr=lr: c["trainer"].update(lr=lr))
+                (d / ".hydra").mkdir()
+                (d / ".hydra" / "overrides.yaml").write_text(f"- layer={layer}\n- seed={seed}\n- trainer.lr={lr}\n")
+                job += 1
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    mt.main(["--runs", str(tmp_path / "multirun"), "--out", str(tmp_path / "t")])
+    overall = pd.read_csv(tmp_path / "t" / "overall.csv", keep_default_na=False)
+    assert list(overall["tag"]) == ["trainer.lr=0.001", "trainer.lr=0.002"]
+    assert overall["HR@10 gain bft (p, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
+    assert "TRIAL" not in mt.run_note(mt.load_runs(tmp_path / "multirun"), [])  # a sweep key is no trial override

@@ -132,8 +132,8 @@ class PointwiseAttention(nn.Module):
     """HSTU's pointwise aggregated attention with U gating inputs.
 
     Parameters (BFT.md §4 names): ``uvqk`` (D -> 4D without bias, u|v|q|k concatenated, SiLU applied
-    to all; weight N(0, init_std)), ``rab`` (``RelativeBias``). ``weights`` gives the undropped pointwise weights ``w`` so that a
-    BFT twin can reuse it.
+    to all; weight N(0, init_std)), ``rab`` (``RelativeBias``). ``weights`` gives the undropped
+    pointwise weights ``w`` so that a BFT twin can reuse it.
     """
 
     def __init__(self, d_model: int, n_heads: int, attn_dropout: float, max_len: int, attn_norm: str,
