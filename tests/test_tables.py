@@ -244,20 +244,16 @@ def test_a_key_absent_from_an_older_run_counts_as_its_default(runs, tmp_path):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
 
 
-def test_normalise_config_is_applied_before_comparing(runs, tmp_path, monkeypatch):
+def test_normalise_config_is_applied_before_comparing(runs, tmp_path):
+    """A v1 config without ``bft.units`` (legacy) compares equal to units=h, and unequal to count."""
     mt = _make_tables()
     root = _copy(runs, tmp_path)
-    _edit_config(root / "bft" / "seed1", lambda c: c["layer"]["bft"].update(units="h"))
+    _edit_config(root / "bft" / "seed0", lambda c: c["layer"]["bft"].update(units="h"))
+    _edit_config(root / "bft" / "seed1", lambda c: c["layer"]["bft"].pop("units"))
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # legacy == units=h: one cell
+    _edit_config(root / "bft" / "seed1", lambda c: c["layer"]["bft"].update(units="count"))
     with pytest.raises(SystemExit, match="differ at layer.bft.units"):  # seeds of one cell: layer.* counts
-        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
-
-    def legacy(cfg):  # the kind of rule the hook is for: a bft config without units is units=h
-        if cfg["layer"]["name"] == "bft":
-            cfg["layer"]["bft"].setdefault("units", "h")
-        return cfg
-
-    monkeypatch.setattr(mt, "normalise_config", legacy)
-    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t2")])
 
 
 def test_one_run_folder_gives_tables(runs, tmp_path):
