@@ -1,4 +1,5 @@
-"""Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``) against BFT.md §5.
+"""Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``, ``bftrec.models.sasrec_bft``)
+against BFT.md §5.
 
 §5.1 degenerate case (both ``bft.units``), §5.2 limits, §5.3 expanded square (and the exact Kish
 ``n − 1``), §5.4 no leakage (and the s₀² buffer semantics of §1), §5.5 batch independence, §5.7
@@ -32,7 +33,6 @@ from bftrec.layers.bft import (
     BFTHLayerConfig,
     BFTLayerConfig,
     BFTParams,
-    BFTSASRecBlock,
     BFTStack,
     LayerRun,
     TauConfig,
@@ -52,6 +52,7 @@ from bftrec.layers.precision import (
 )
 from bftrec.models import MODELS, DataInfo
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig
+from bftrec.models.sasrec_bft import BFTSASRecBlock
 
 N_ITEMS = 40
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from bftrec.evaluate import rescore
 from bftrec.grid import prepare_cell
 from bftrec.layers import LAYER_CONFIGS, StandardLayerConfig
 from bftrec.layers.bft import BFTLayerConfig
-from bftrec.models import MODELS, DataInfo
+from bftrec.models import MODELS
 from bftrec.train import run
 from tests.test_contract import data_info
 from tests.test_train_e2e import smoke_cfg
