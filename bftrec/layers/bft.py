@@ -88,6 +88,8 @@ class TauConfig:
     dims: int = 1               # 1 (broadcast over D) or D (one τ per coordinate)
     freq_slope: float = 0.0     # adds slope·(log(1+count) − mean) to the starting τ [bftrec]
     mlp_hidden: int = 16        # hidden width of the τ MLP (kind=mlp)
+    lr_scale: float = 1.0       # > 0: τ's learning rate relative to the model's (a per-item row learns only when
+    #                             its item occurs); an optimizer param group (optimizer_param_groups)
 
 
 @dataclass
@@ -159,6 +161,9 @@ def check_bft_config(cfg: BFTLayerConfig, d_model: Optional[int] = None) -> None
     if not 0.0 < b.clamp_min < b.clamp_max:
         raise ConfigError(f"layer.bft.clamp_min={b.clamp_min}, layer.bft.clamp_max={b.clamp_max} are not valid; "
                           f"need 0 < clamp_min < clamp_max")
+    if not t.lr_scale > 0:
+        raise ConfigError(f"layer.tau.lr_scale={t.lr_scale} is not valid; it must be > 0 "
+                          f"(1 = the model's learning rate)")
     if t.mlp_hidden < 1:
         raise ConfigError(f"layer.tau.mlp_hidden={t.mlp_hidden} is not valid; it must be >= 1")
     if d_model is not None and t.dims not in (1, d_model):
@@ -218,12 +223,14 @@ class InitialPrecision(nn.Module):
     buffer) holds τ₀ and the fixed ``freq_slope`` offset.
 
     All parameters are plain ``nn.Parameter``s so that backbone initialisers (which re-init
-    ``nn.Linear`` / ``nn.Embedding``) never touch them.
+    ``nn.Linear`` / ``nn.Embedding``) never touch them. ``lr_scale`` (``tau.lr_scale``) asks the
+    optimizer for ``lr · lr_scale`` on them (``bftrec.layers.optimizer_param_groups``).
     """
 
     def __init__(self, cfg: TauConfig, n_tokens: int, d_model: int, tau_start: torch.Tensor) -> None:
         super().__init__()
         self.kind, self.dims = cfg.kind, cfg.dims
+        self.lr_scale = float(cfg.lr_scale)  # read by bftrec.layers.optimizer_param_groups
         if cfg.kind == "item":
             self.tau = nn.Parameter(tau_start[:, None].repeat(1, cfg.dims).float())  # (n_tokens, dims)
         else:
