@@ -33,7 +33,7 @@ from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
 from bftrec.data.batches import check_train_windows, train_window_bounds, trim_left, windows
 from bftrec.evaluation import rank_users
 from bftrec.grid import atomic
-from bftrec.layers import Stack
+from bftrec.layers import Stack, optimizer_param_groups
 from bftrec.metrics import summarize
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def mean_gain(model: nn.Module, batch: dict) -> Optional[list]:
 def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return cls(optimizer_param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)  # τ: layer.tau.lr_scale
 
 
 def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,

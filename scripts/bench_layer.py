@@ -51,9 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
-from bftrec.layers.bft import BFTLayerConfig, BFTParams, BFTSASRecBlock, LayerRun  # noqa: E402
+from bftrec.layers.bft import BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
+from bftrec.models.sasrec_bft import BFTSASRecBlock  # noqa: E402
 from bftrec.train import device_name  # noqa: E402
 
 SPORTS_ITEMS = 18357

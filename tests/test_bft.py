@@ -1,4 +1,5 @@
-"""Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``) against BFT.md §5.
+"""Tests of the BFT layer (``bftrec.layers.bft``, ``bftrec.layers.precision``, ``bftrec.models.sasrec_bft``)
+against BFT.md §5.
 
 §5.1 degenerate case (both ``bft.units``), §5.2 limits, §5.3 expanded square (and the exact Kish
 ``n − 1``), §5.4 no leakage (and the s₀² buffer semantics of §1), §5.5 batch independence, §5.7
@@ -32,7 +33,6 @@ from bftrec.layers.bft import (
     BFTHLayerConfig,
     BFTLayerConfig,
     BFTParams,
-    BFTSASRecBlock,
     BFTStack,
     LayerRun,
     TauConfig,
@@ -52,6 +52,7 @@ from bftrec.layers.precision import (
 )
 from bftrec.models import MODELS, DataInfo
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig
+from bftrec.models.sasrec_bft import BFTSASRecBlock
 
 N_ITEMS = 40
 ROOT = Path(__file__).resolve().parents[1]
@@ -551,6 +552,31 @@ def test_mean_count_start_is_set_by_calibration(kind):
     assert float(mc.stack.tau.start_values()[1]) == tau0
 
 
+@pytest.mark.parametrize("kind", ["item", "mlp"])
+def test_tau_lr_scale_is_a_param_group(kind):
+    """layer.tau.lr_scale: τ learns at lr·lr_scale (its own optimizer param group); 1 keeps one group, unchanged."""
+    from bftrec.config import TrainerConfig
+    from bftrec.trainer import _optimizer
+
+    seq = torch.cat([torch.zeros(4, 1, dtype=torch.long), sequences()], 1)
+    steps = {}
+    for scale in (1.0, 10.0):
+        model = sasrec(bft_cfg(tau_kind=kind, tau_lr_scale=scale))
+        model.calibrate({"seq": seq})
+        opt = _optimizer(model, TrainerConfig(lr=1e-3))
+        tau = list(model.stack.tau.parameters())
+        if scale == 1.0:
+            assert len(opt.param_groups) == 1 and opt.param_groups[0]["params"] == list(model.parameters())
+        else:
+            assert [g["lr"] for g in opt.param_groups] == [1e-3, pytest.approx(1e-2)]
+            assert opt.param_groups[1]["params"] == tau
+        before = [p.detach().clone() for p in tau]
+        model.training_loss({"seq": seq}).backward()
+        opt.step()
+        steps[scale] = max(float((p.detach() - b).abs().max()) for p, b in zip(tau, before))
+    assert steps[10.0] == pytest.approx(10 * steps[1.0], rel=1e-3)  # Adam's first step: lr per coordinate
+
+
 def test_tau_mlp_reads_the_item_embedding_only():
     """BFT.md §0: τ = τ₀ + MLP(e_x): no position, no dropout. The same item has the same λ⁰ anywhere, in training."""
     model = sasrec(bft_cfg(tau_kind="mlp"), dropout=0.5)
@@ -593,6 +619,7 @@ def test_calibration_runs_without_dropout():
     ({"tau_dims": 3}, "layer.tau.dims"),
     ({"bft_s0_momentum": 0.0}, "layer.bft.s0_momentum"),
     ({"bft_clamp_min": 0.0}, "layer.bft.clamp_min"),
+    ({"tau_lr_scale": 0.0}, "layer.tau.lr_scale"),
 ])
 def test_bad_config_values_raise(kw, key):
     with pytest.raises(ConfigError) as err:

@@ -34,8 +34,11 @@ def test_upgrade_applies_to_v1_only():
     v1 = {"name": "bft", "tau": {"scale": "embedding"}, "bft": {"precision": "learned"}}
     up = upgrade_legacy_layer(v1)
     assert up["bft"]["units"] == "h" and up["tau"]["scale"] == "embedding" and "units" not in v1["bft"]
-    v2 = {"name": "bft", "tau": {"scale": "count"}, "bft": {"units": "count"}}
+    assert up["tau"]["lr_scale"] == 1.0  # a key added later gets what such a run did
+    v2 = {"name": "bft", "tau": {"scale": "count", "lr_scale": 3.0}, "bft": {"units": "count"}}
     assert upgrade_legacy_layer(v2) == v2 and upgrade_legacy_layer({"name": "standard"}) == {"name": "standard"}
+    early_v2 = {"name": "bft", "tau": {"scale": "count"}, "bft": {"units": "count"}}  # before tau.lr_scale
+    assert upgrade_legacy_layer(early_v2) == {**early_v2, "tau": {"scale": "count", "lr_scale": 1.0}}
     assert upgrade_legacy_layer(OmegaConf.create(v1)) == up  # DictConfig in, plain dict out
 
 
@@ -62,15 +65,16 @@ def test_committed_v1_run_loads_as_units_h(model):
 
 
 def _legacy(run_dir: Path) -> None:
-    """Remove ``layer.bft.units`` from every stored copy of the layer config: the run now looks like BFT v1."""
+    """Remove ``bft.units`` and ``tau.lr_scale`` from every stored copy of the layer config: the run now looks
+    like BFT v1."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    del cfg["layer"]["bft"]["units"]
+    del cfg["layer"]["bft"]["units"], cfg["layer"]["tau"]["lr_scale"]
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     ck = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    del ck["config"]["layer"]["bft"]["units"]
+    del ck["config"]["layer"]["bft"]["units"], ck["config"]["layer"]["tau"]["lr_scale"]
     torch.save(ck, run_dir / "checkpoint.pt")
     m = json.loads((run_dir / "metrics.json").read_text())
-    del m["layer_config"]["bft"]["units"]
+    del m["layer_config"]["bft"]["units"], m["layer_config"]["tau"]["lr_scale"]
     (run_dir / "metrics.json").write_text(json.dumps(m))
 
 

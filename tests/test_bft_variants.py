@@ -1,4 +1,5 @@
-"""Tests of the BERT4Rec (post-LN) and HSTU (sandwich) BFT variants (``bftrec.layers.bft_variants``).
+"""Tests of the BERT4Rec (post-LN) and HSTU (sandwich) BFT twins (``bftrec.models.bert4rec_bft``,
+``bftrec.models.hstu_bft``, the §4 maths in ``bftrec.layers.precision``).
 
 Against ``../shared/docs/BFT.md``: §5.1 degenerate case (and learned precision is not vacuous), §4
 sandwich center/meat and shrinkage against naive computations, §4 relative reliability (uniform λ̄
@@ -23,17 +24,19 @@ import torch.nn.functional as F
 
 from bftrec.layers import Masks, StandardLayerConfig, build_masks, masked_softmax
 from bftrec.layers.bft import BFTParams, LayerRun, bft_variant_for
-from bftrec.layers.bft_variants import (
-    BFTBERT4RecBlock,
-    BFTHSTUBlock,
+from bftrec.layers.precision import (
+    gather_rows,
     relative_reliability,
     sandwich_stats,
     sandwich_variance,
+    scatter_rows,
+    valid_rows,
 )
-from bftrec.layers.precision import gather_rows, scatter_rows, valid_rows
 from bftrec.models import MODELS, DataInfo
 from bftrec.models.bert4rec import BERT4RecBlock
+from bftrec.models.bert4rec_bft import BFTBERT4RecBlock
 from bftrec.models.hstu import HSTUBlock
+from bftrec.models.hstu_bft import BFTHSTUBlock
 from tests.test_bft import bft_cfg, buffers, restore, units_cfg
 
 N_ITEMS, L = 40, 12

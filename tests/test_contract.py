@@ -362,6 +362,18 @@ def toy_cls(monkeypatch):
     return MODELS.get("toy")
 
 
+def test_layer_library_imports_no_backbone() -> None:
+    """bftrec/layers is backbone-agnostic: no module there imports bftrec.models (imports run models -> layers),
+    so a backbone with a BFT twin touches only its own files, its import line and its yaml."""
+    import ast
+
+    for path in sorted((ROOT / "bftrec" / "layers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "bftrec.models" or n.startswith("bftrec.models.") for n in names), (path.name, names)
+
+
 @pytest.mark.parametrize("layer", sorted(LAYER_CONFIGS))
 def test_toy_passes_contract(toy_cls, layer: str, request) -> None:
     """Every contract check passes on the toy; a missing layer variant is the same strict xfail."""

@@ -123,5 +123,28 @@ def build_stack(layer_cfg, block_cls: type, n_layers: int, n_tokens: int,
                                               precision_ctx or {})
 
 
+def optimizer_param_groups(model: nn.Module, lr: float) -> list[dict]:
+    """Optimizer parameter groups: every parameter at ``lr``, except those of a submodule with an
+    attribute ``lr_scale != 1`` (BFT's τ, ``layer.tau.lr_scale``), which get ``lr · lr_scale``.
+
+    With no such submodule this is one group holding ``model.parameters()`` in order, so the optimizer
+    (and a saved optimizer state) is exactly what ``optimizer(model.parameters(), lr=lr)`` gives.
+
+    Returns:
+        a list of ``{"params": [...], "lr": float}`` dicts for ``torch.optim`` constructors.
+    """
+    scaled: dict[float, list] = {}
+    seen: set[int] = set()
+    for module in model.modules():
+        scale = getattr(module, "lr_scale", 1.0)
+        if scale != 1.0:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    scaled.setdefault(float(scale), []).append(p)
+    rest = [p for p in model.parameters() if id(p) not in seen]
+    return [{"params": rest, "lr": lr}] + [{"params": ps, "lr": lr * s} for s, ps in scaled.items()]
+
+
 __all__ = ["Masks", "build_masks", "masked_softmax", "Stack", "build_stack", "LAYER_CONFIGS",
-           "LAYER_BUILDERS", "StandardLayerConfig"]
+           "LAYER_BUILDERS", "StandardLayerConfig", "optimizer_param_groups"]

@@ -1,13 +1,17 @@
-"""The Bayesian Filtering Transformer layer (``layer=bft``), as specified in ``../shared/docs/BFT.md``.
+"""The Bayesian Filtering Transformer layer (``layer=bft``, ``layer=bft_h``), as in ``../shared/docs/BFT.md``.
 
 Source: Long et al., "Precision Tracked Transformer via Kalman Filtering, Kriging and Process Noise"
 (arXiv 2605.18832, 2026). Labels follow BFT.md: **[paper]** = stated by the paper's summary,
-**[bftrec]** = our completion. The pure formulas live in ``bftrec.layers.precision``; this file holds
-the config, the initial precision τ, the stack that carries ``(h, λ)`` and the pre-LN SASRec variant;
-the post-LN BERT4Rec and the HSTU variants live in ``bftrec.layers.bft_variants`` (imported at the
-bottom of this file, so they are registered whenever this module is).
+**[bftrec]** = our completion.
 
-Structure (how to add a backbone's BFT variant)::
+The layer library knows no backbone: the pure formulas live in ``bftrec.layers.precision``; this
+file holds the config, the initial precision τ, the block mixin (the precision state and the softmax
+kriging observe step), the variant registry, and the stack that carries ``(h, λ)``. Each backbone's
+BFT twin lives beside its native block and registers itself (``bftrec/models/<name>_bft.py``:
+``sasrec_bft`` pre-LN, ``bert4rec_bft`` post-LN, ``hstu_bft`` pointwise/sandwich). Imports run from
+``bftrec.models`` to ``bftrec.layers`` only.
+
+Structure (how to add a backbone's BFT twin, ``docs/ADD_A_BACKBONE.md``)::
 
     @register_variant(NativeBlock)              # key = NativeBlock.__name__
     class BFTNativeBlock(BFTBlockMixin, NativeBlock):
@@ -18,13 +22,15 @@ Structure (how to add a backbone's BFT variant)::
 
 ``h`` is (B, T, D); ``lam`` is the (n, D) float32 precision of the n valid positions ("rows", see
 ``bftrec.layers.precision``): padding has no precision at all, so no precision work is spent on it.
+A block with softmax attention whose ``attn`` has ``heads(x)``, ``out``, ``attn_drop`` and ``n_heads``
+(``bftrec.models.sasrec.SelfAttention``) reuses ``BFTBlockMixin.kriging_observe`` for BFT.md §1.
 
 A variant subclasses the native block, so parameter names and shapes are the native ones and a
 standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT extras ``theta_q``,
 ``s0sq``, ``s0sq_ready`` per block and the stack's τ). Post-LN (BERT4Rec) adds
 ``precision.layernorm_precision`` after each residual (§2) and ``precision.ffn_jacobian_diag`` (no LN
-term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and its own sandwich moments (BFT.md §4,
-``bft_variants.sandwich_stats``).
+term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and the sandwich moments of BFT.md §4
+(``precision.sandwich_stats``).
 
 Cost (BFT.md §5.8): the kriging moments and Kish sums are one autograd node, and so is the FFN
 Jacobian (hand-written backwards that save little); padding has no precision rows, so every
@@ -52,15 +58,11 @@ from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
 from bftrec.layers.precision import (
     gather_rows,
     geometric_mean_d,
-    kalman_precision,
     kriging_bias,
     observe_precision,
-    predict_precision,
-    prenorm_ffn_jacobian_diag_fused,
     scatter_rows,
     valid_rows,
 )
-from bftrec.models.sasrec import SASRecBlock
 from bftrec.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ class TauConfig:
     dims: int = 1               # 1 (broadcast over D) or D (one τ per coordinate)
     freq_slope: float = 0.0     # adds slope·(log(1+count) − mean) to the starting τ [bftrec]
     mlp_hidden: int = 16        # hidden width of the τ MLP (kind=mlp)
+    lr_scale: float = 1.0       # > 0: τ's learning rate relative to the model's (a per-item row learns only when
+    #                             its item occurs); an optimizer param group (optimizer_param_groups)
 
 
 @dataclass
@@ -157,6 +161,9 @@ def check_bft_config(cfg: BFTLayerConfig, d_model: Optional[int] = None) -> None
     if not 0.0 < b.clamp_min < b.clamp_max:
         raise ConfigError(f"layer.bft.clamp_min={b.clamp_min}, layer.bft.clamp_max={b.clamp_max} are not valid; "
                           f"need 0 < clamp_min < clamp_max")
+    if not t.lr_scale > 0:
+        raise ConfigError(f"layer.tau.lr_scale={t.lr_scale} is not valid; it must be > 0 "
+                          f"(1 = the model's learning rate)")
     if t.mlp_hidden < 1:
         raise ConfigError(f"layer.tau.mlp_hidden={t.mlp_hidden} is not valid; it must be >= 1")
     if d_model is not None and t.dims not in (1, d_model):
@@ -216,12 +223,14 @@ class InitialPrecision(nn.Module):
     buffer) holds τ₀ and the fixed ``freq_slope`` offset.
 
     All parameters are plain ``nn.Parameter``s so that backbone initialisers (which re-init
-    ``nn.Linear`` / ``nn.Embedding``) never touch them.
+    ``nn.Linear`` / ``nn.Embedding``) never touch them. ``lr_scale`` (``tau.lr_scale``) asks the
+    optimizer for ``lr · lr_scale`` on them (``bftrec.layers.optimizer_param_groups``).
     """
 
     def __init__(self, cfg: TauConfig, n_tokens: int, d_model: int, tau_start: torch.Tensor) -> None:
         super().__init__()
         self.kind, self.dims = cfg.kind, cfg.dims
+        self.lr_scale = float(cfg.lr_scale)  # read by bftrec.layers.optimizer_param_groups
         if cfg.kind == "item":
             self.tau = nn.Parameter(tau_start[:, None].repeat(1, cfg.dims).float())  # (n_tokens, dims)
         else:
@@ -276,12 +285,12 @@ class LayerRun:
     rows: Optional[torch.Tensor] = None
 
 
-def _fp32(device_type: str):
+def fp32(device_type: str):
     """Autocast off: every precision quantity is computed in float32 (BFT.md "Notation")."""
     return torch.autocast(device_type=device_type, enabled=False)
 
 
-def _record(probe: Optional[dict], name: str, x: torch.Tensor) -> None:
+def record(probe: Optional[dict], name: str, x: torch.Tensor) -> None:
     """Append min/max of the rows ``x`` (n, D) (valid positions) to ``probe[name]``."""
     if probe is not None and x.numel():
         probe.setdefault(name, []).append((float(x.detach().min()), float(x.detach().max())))
@@ -369,7 +378,7 @@ class BFTBlockMixin:
         logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
         allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
         ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
-        with _fp32(dev):
+        with fp32(dev):
             logits = logits.float()
             if learned:
                 logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
@@ -388,7 +397,7 @@ class BFTBlockMixin:
                 count=cfg.units == "count")  # lam_obs (n, D)
             if prior is not None and not run.calibrate:
                 stats["prior"] = prior
-        _record(run.probe, "lam_obs", lam_obs)
+        record(run.probe, "lam_obs", lam_obs)
         if (self.training and self.attn.attn_drop.p > 0) or (detach and torch.is_grad_enabled()):
             m = self.attn.attn_drop(alpha) @ v  # (B, H, T, d): dropout on α̃ as in the native layer
         else:
@@ -409,96 +418,6 @@ def register_variant(native_cls: type):
         BFT_VARIANTS.register(native_cls.__name__)(bft_cls)
         return bft_cls
     return deco
-
-
-@register_variant(SASRecBlock)
-class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
-    """BFT twin of the pre-LN ``SASRecBlock``: one filtering cycle observe → update → predict (BFT.md §1–§3).
-
-    Same parameters as the native block (``ln1``, ``attn.qkv``, ``attn.out``, ``ln2``, ``ffn.w1``,
-    ``ffn.w2``) plus ``theta_q`` and the ``s0sq`` buffers. Forward::
-
-        x = LN1(h); q, k, v = heads(x)
-        α̃ = masked_softmax(q kᵀ/√d + log λ̄_key)                     # kriging weights [paper]
-        m, S = α̃ @ [v, v⊙v] (expanded square); n from Σα̃², Σα̃(1−α̃)  # [paper; form bftrec]
-        Var(m) = σ²/n, σ² = (ν₀s₀² + nS)/(ν₀ + n − 1)                # REML + inv-χ² [paper; form bftrec]
-        λ^obs = 1 / ((W_O⊙W_O) Var(m))                               # delta method [paper] (units=h)
-        λ̂^obs = ((W_O⊙W_O) s₀²) / ((W_O⊙W_O) Var(m))                # units=count: in observations (§7)
-        K = λ^obs/(λ + λ^obs); h' = h + K⊙drop(W_O drop(α̃) v); λ' = λ + λ^obs   # [paper]
-        h'' = h' + drop(FFN(LN2 h')); λ'' = ((1+J)²/λ' + Q)⁻¹         # [paper]; J exact [bftrec]
-
-    ``bft.precision=uniform``: zero attention bias and K = 1 on valid positions (λ is still computed),
-    so the block equals the native one (BFT.md §5.1).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float, *,
-                 bft_cfg: BFTParams) -> None:
-        super().__init__(d_model, n_heads, d_ff, dropout, attn_dropout)
-        if not isinstance(self.ffn.act, nn.GELU):
-            raise TypeError("BFTSASRecBlock's Jacobian needs a GELU FFN")
-        self.init_bft(d_model, n_heads, bft_cfg)
-
-    def forward(self, h: torch.Tensor, lam: torch.Tensor, masks: Masks, run: Optional[LayerRun] = None,
-                **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
-        """One filtering cycle.
-
-        Args:
-            h: (B, T, D) float hidden state (float32 residual stream, also under autocast).
-            lam: (n, D) float32 precision rows of the valid positions ``run.rows`` (``bftrec.layers.precision``
-                "rows"; padding has no precision).
-            masks: ``Masks`` (attn (B, 1, T, T) bool, valid (B, T) bool; True = may attend / real).
-            run: ``LayerRun`` flags from the stack; ``run.rows`` None = computed from ``masks.valid``.
-        Returns:
-            h'' (B, T, D); λ'' (n, D) float32 rows or None when ``run.need_lam`` is False; stats dict with
-            ``prior`` ((H, d) total, (H,) count) in training, and ``K`` (n,) float32 row means over D,
-            ``lam_obs`` (n,) float32 row geometric means over D (λ̄, BFT.md §6) and ``n_eff`` (B, T) float32
-            when ``run.want_stats``.
-        """
-        run = run or LayerRun()
-        cfg = self.bft_cfg
-        lo, hi = cfg.clamp_min, cfg.clamp_max
-        learned, detach = cfg.precision == "learned", cfg.detach_precision_grad
-        valid = masks.valid  # (B, T)
-        rows = valid_rows(valid) if run.rows is None else run.rows  # (n,)
-        B, T, D = h.shape
-        dev = h.device.type
-        stats: dict = {}
-        _record(run.probe, "lam", lam)
-
-        # ---- observe: kriging attention (BFT.md §1)
-        o, lam_obs, ok, a2 = self.kriging_observe(self.ln1(h), lam, masks, run, rows, stats)  # pre-LN
-
-        # ---- update: residual as a Kalman update (BFT.md §2); padding: K = 0, h' = h
-        with _fp32(dev):
-            K, lam1 = kalman_precision(lam, lam_obs, hi, not learned)  # (n, D) or (1, 1); (n, D)
-            delta = K * gather_rows(self.drop(o), rows)  # (n, D) = K ⊙ drop(o); dropout position-aligned as native
-        h1 = h.reshape(B * T, D).index_add(0, rows, delta.to(h.dtype)).view(B, T, D)  # (B·T, D) -> (B, T, D)
-        del o, delta
-        _record(run.probe, "lam1", lam1)
-
-        # ---- predict: FFN as dynamics with process noise (BFT.md §3)
-        z = self.ffn.w1(self.ln2(h1))  # (B, T, F)
-        h2 = h1 + self.drop(self.ffn.w2(self.ffn.act(z)))
-        lam2 = None
-        if run.need_lam:
-            with _fp32(dev):
-                ln, f1, f2 = self.ln2, self.ffn.w1, self.ffn.w2
-                prm = [ln.weight, ln.bias, f1.weight, f1.bias, f2.weight]
-                prm = [p.detach().float() if detach else p.float() for p in prm]
-                x32 = h1.detach().float() if detach else h1.float()
-                if z.dtype == torch.float32:
-                    z32 = z.detach() if detach else z
-                else:  # AMP: the Jacobian needs the pre-activation in float32
-                    z32 = F.linear(F.layer_norm(x32, (D,), prm[0], prm[1], ln.eps), prm[2], prm[3])  # (B, T, F)
-                J = prenorm_ffn_jacobian_diag_fused(x32, prm[0], prm[1], ln.eps, prm[2], prm[3], prm[4],
-                                                    self.ffn.act.approximate, z32, rows=rows)  # (n, D)
-                lam2 = predict_precision(lam1, J, self.process_noise(), lo, hi)  # (n, D)
-            _record(run.probe, "lam2", lam2)
-        if run.want_stats:
-            n_eff = torch.where(ok, 1.0 / torch.where(ok, a2, torch.ones_like(a2)), torch.zeros_like(a2))  # (B, H, T)
-            stats.update({"K": K.detach().expand_as(lam1).mean(-1), "lam_obs": geometric_mean_d(lam_obs.detach()),
-                          "n_eff": n_eff.detach().mean(1)})
-        return h2, lam2, stats
 
 
 def bft_variant_for(block_cls: type, layer: str = "bft") -> type:
@@ -711,9 +630,5 @@ def build_bft_stack(layer_cfg: BFTLayerConfig, block_cls: type, n_layers: int, n
 
 __all__ = ["TauConfig", "BFTParams", "BFTLayerConfig", "BFTHLayerConfig", "UNITS", "TAU_SCALES", "check_bft_config",
            "upgrade_legacy_layer", "starting_tau", "InitialPrecision", "LayerRun", "BFTBlockMixin", "BFT_VARIANTS",
-           "register_variant", "BFTSASRecBlock", "bft_variant_for", "BFTStack", "bft_overhead", "set_process_noise",
+           "register_variant", "bft_variant_for", "fp32", "record", "BFTStack", "bft_overhead", "set_process_noise",
            "build_bft_stack"]
-
-# The post-LN (BERT4Rec) and sandwich (HSTU) variants live in their own module; importing it here
-# registers them whenever ``layer=bft`` exists (``bftrec.models`` imports this module).
-from bftrec.layers import bft_variants  # noqa: E402, F401  (registration side effect, after every name above)
