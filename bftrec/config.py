@@ -37,6 +37,7 @@ class TrainerConfig:
     resume: Optional[str] = None      # run directory to resume from (reads its last.pt)
     max_steps_per_epoch: int = 0      # cap on steps per epoch (0 = full epoch); for smoke runs
     length_bucketing: bool = True     # batches of similar length ("sortish"), left padding trimmed
+    divergence_factor: float = 100.0  # stop when a step's loss exceeds this x the first epoch's mean; 0 = off
 
 
 @dataclass
@@ -70,6 +71,7 @@ class RunConfig:
     #                                   one with only last.pt is resumed (bftrec.grid)
     tuned_config: str = ""            # set by configs/tuned/<dataset>_<model>.yaml to its own stem
     require_tuned: bool = False       # grids: refuse a cell whose configs/tuned/<dataset>_<model>.yaml is missing
+    print_config: bool = False        # log the composed config at start (it is always saved as config.yaml)
 
 
 _ROOT_GROUPS = ("dataset", "model", "layer", "trainer", "eval")
