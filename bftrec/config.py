@@ -47,6 +47,7 @@ class TrainerConfig:
     length_bucketing: bool = True     # batches of similar length ("sortish"), left padding trimmed
     train_windows: str = "last"       # last: each user's last max_len + 1 training items | sliding: all of them
     train_window_stride: Optional[int] = None  # sliding: window ends S items apart (1..max_len); null = max_len
+    divergence_factor: float = 100.0  # stop when a step's loss exceeds this x the first epoch's mean; 0 = off
 
 
 @dataclass
@@ -80,6 +81,7 @@ class RunConfig:
     #                                   one with only last.pt is resumed (bftrec.grid)
     tuned_config: str = ""            # set by configs/tuned/<dataset>_<model>.yaml to its own stem
     require_tuned: bool = False       # grids: refuse a cell whose configs/tuned/<dataset>_<model>.yaml is missing
+    print_config: bool = False        # log the composed config at start (it is always saved as config.yaml)
 
 
 _ROOT_GROUPS = ("dataset", "model", "layer", "trainer", "eval")

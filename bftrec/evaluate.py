@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -24,11 +25,33 @@ from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, load_run_config
 from bftrec.train import build, evaluate_test, one_line_errors, protocol_block, typed_groups, write_outputs
-from bftrec.trainer import first_batch, mean_gain, resolve_device, seed_everything, training_tensors
+from bftrec.trainer import (
+    first_batch,
+    load_checkpoint,
+    load_weights,
+    mean_gain,
+    resolve_device,
+    seed_everything,
+    training_tensors,
+)
 
 log = logging.getLogger("bftrec")
 # besides eval.*: keys that change where data is read or where scoring runs, never what was trained
 RESCORE_KEYS = ("data_root", "cache_dir", "trainer.device")
+RECOVER = ("retrain it (bftrec-train with the settings in {run_dir}/config.yaml), or, if {run_dir}/last.pt is "
+           "intact, continue it with bftrec-train trainer.resume={run_dir}")
+
+
+@contextmanager
+def quiet_init():
+    """Silence the BFT stack's construction log (its λ⁰ is the untrained start, not the checkpoint's)."""
+    logger = logging.getLogger("bftrec.layers.bft")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) -> dict:
@@ -36,7 +59,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
 
     Raises:
         FileNotFoundError: no config.yaml / checkpoint.pt in ``run_dir``.
-        ConfigError: an unknown override key (one line).
+        ConfigError: an unknown override key; a torn, empty or foreign checkpoint.pt (one line each).
     """
     started = time.time()
     run_dir = Path(run_dir)
@@ -57,9 +80,10 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     g = typed_groups(cfg)
     root, ds, ev, tc = g["root"], g["dataset"], g["eval"], g["trainer"]
     device = resolve_device(tc.device)
-    data, counts, model = build(g, device)
-    ck = torch.load(run_dir / "checkpoint.pt", map_location=device, weights_only=False)
-    model.load_state_dict(ck["model"])
+    ck = load_checkpoint(run_dir / "checkpoint.pt", device, fix=RECOVER.format(run_dir=run_dir))  # before the data
+    with quiet_init():
+        data, counts, model = build(g, device)
+    load_weights(model, ck, run_dir / "checkpoint.pt", RECOVER.format(run_dir=run_dir))
     metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len)
     metrics = {"dataset": ds.name, "model": g["model"].name, "layer": g["layer"].name, "seed": root.seed,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
@@ -84,8 +108,8 @@ def replay_gain(run_dir: Path) -> dict:
     first = first_batch(*training_tensors(data, g["model"].max_len, device), g["trainer"].batch_size)
     model.calibrate(first)
     initial = mean_gain(model, first)
-    model.load_state_dict(torch.load(Path(run_dir) / "checkpoint.pt", map_location=device,
-                                     weights_only=False)["model"])
+    path = Path(run_dir) / "checkpoint.pt"
+    load_weights(model, load_checkpoint(path, device, fix=RECOVER.format(run_dir=run_dir)), path)
     return {"initial_K_per_layer": initial, "final_K_per_layer": mean_gain(model, first)}
 
 

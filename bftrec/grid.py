@@ -39,7 +39,8 @@ log = logging.getLogger("bftrec")
 # the device and the scoring chunk size (metrics do not depend on it).
 # (trainer.device is volatile: a cell may be resumed on other hardware; env.json records each device.)
 VOLATILE = {"data_root", "cache_dir", "out_root", "log_level", "skip_finished", "require_tuned",
-            "trainer.num_threads", "trainer.progress", "trainer.device", "trainer.resume", "eval.batch_size"}
+            "trainer.num_threads", "trainer.progress", "trainer.device", "trainer.resume", "eval.batch_size",
+            "print_config", "trainer.divergence_factor"}  # a finished cell did not diverge under any factor
 AXES = ("dataset", "model", "layer", "seed")  # the axes of every paper grid
 
 

@@ -22,7 +22,8 @@ from typing import Optional
 import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from bftrec.config import (
@@ -45,10 +46,13 @@ from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
+from bftrec.summary import summary_markdown
 from bftrec.trainer import (
     check_trainer_config,
     fit,
     is_main,
+    load_checkpoint,
+    load_weights,
     mean_gain,
     resolve_device,
     seed_everything,
@@ -148,42 +152,65 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     """Train and evaluate one configuration; return the metrics dict (also written to metrics.json).
 
     Args:
-        cfg: the composed config (``configs/train.yaml``).
-        out_dir: run directory; default ``<out_root>/<dataset>/<model>/<layer>/seed<k>_<time>``.
+        cfg: the composed config (``configs/train.yaml``). With ``trainer.resume=<run_dir>`` the
+            dataset, model, layer and seed (and every other key the command line does not override)
+            come from ``<run_dir>/config.yaml`` (``resume_config``).
+        out_dir: run directory; default a fresh ``<out_root>/<dataset>/<model>/<layer>/seed<k>_<time>``
+            (created exclusively: ``_2``, ``_3``, ... on a collision).
         report: if given, receives ``status`` (ran, resumed or skipped; see ``bftrec.grid``) once the
             run has finished.
     Raises:
-        ConfigError: an unknown key or impossible setting; with ``skip_finished``, a directory of
-            another config or one held by a live job (one line).
+        ConfigError: an unknown key or impossible setting (checked before any data is read or any
+            file written); a directory held by another live job; with ``skip_finished``, a directory
+            of another config (one line). A failed run leaves ``FAILED`` (its one-line reason) in its
+            directory and no ``metrics.json``.
     """
     started = time.time()
-    g = typed_groups(cfg)
-    root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
-    check_trainer_config(tc, ev, mc.max_len)  # before any data is read or any epoch is spent
+    overrides = task_overrides(cfg)
+    cfg = _without_hydra(cfg)
+    try:
+        if cfg.trainer.get("resume"):
+            cfg = resume_config(cfg, overrides)
+        g = typed_groups(cfg)
+        root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
+        check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
+        check_model_config(mc, lc)
+        check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
+    except BaseException as e:
+        if out_dir is not None:  # the CLI's run dir exists already (Hydra's .hydra/ and train.log)
+            mark_failed(Path(out_dir), e)
+        raise
     if out_dir is None:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        out_dir = Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{stamp}"
-    device = resolve_device(tc.device)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: one process per device
-        device, out_dir = init_distributed(device, Path(out_dir))
+        out_dir = fresh_dir(Path(root.out_root) / ds.name / mc.name / lc.name / f"seed{root.seed}_{_stamp()}")
     out_dir = Path(out_dir)
-    check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    with cell_lock(out_dir) if root.skip_finished and is_main() else nullcontext():
-        status, stored = prepare_cell(out_dir, resolved, root.skip_finished, defaults=schema_defaults({
-            "": RunConfig, "dataset": DatasetConfig, "model": g["model_cls"].Config, "layer": type(lc),
-            "trainer": TrainerConfig, "eval": EvalConfig}))
-        if status == "skipped":
-            metrics = stored
-        else:
-            if status == "resumed" and not tc.resume:
-                tc.resume = str(out_dir)
-            check_resumed_layer(tc.resume, g["layer"])
-            if is_main():
-                out_dir.mkdir(parents=True, exist_ok=True)
-                OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
-                log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-            metrics = train_and_test(g, out_dir, device, resolved, started)
+    try:
+        device = resolve_device(tc.device)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched by torchrun: one process per device
+            device, out_dir = init_distributed(device, Path(out_dir))
+        with run_lock(out_dir, root.skip_finished) if is_main() else nullcontext():
+            try:
+                status, stored = prepare_cell(out_dir, resolved, root.skip_finished, defaults=schema_defaults({
+                    "": RunConfig, "dataset": DatasetConfig, "model": g["model_cls"].Config, "layer": type(lc),
+                    "trainer": TrainerConfig, "eval": EvalConfig}))
+            except ConfigError as e:
+                raise NotThisRun(str(e)) from None
+            if status == "skipped":
+                metrics = stored
+            else:
+                if status == "resumed" and not tc.resume:
+                    tc.resume = str(out_dir)
+                check_resumed_layer(tc.resume, g["layer"])
+                if is_main():
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+                    if root.print_config:
+                        log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+                    log.info("run directory %s (composed config in config.yaml)", out_dir)
+                metrics = train_and_test(g, out_dir, device, resolved, started)
+    except BaseException as e:
+        mark_failed(out_dir, e)
+        raise
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     return metrics
@@ -206,11 +233,171 @@ def check_resumed_layer(resume: Optional[str], layer_cfg) -> None:
                           "with the same settings (a v1 run: layer=bft_h) or start a new run")
 
 
+class NotThisRun(ConfigError):
+    """The run directory belongs to another run (a live job, a finished run, another config): it is
+    left exactly as it is, never marked ``FAILED``."""
+
+
+def mark_failed(out_dir: Path, e: BaseException) -> None:
+    """Write ``out_dir/FAILED`` with the one-line reason, so that a half-written directory is never
+    taken for a run (readers look for ``metrics.json``; ``FAILED`` says why there is none)."""
+    if isinstance(e, NotThisRun) or not is_main() or not out_dir.is_dir() or (out_dir / "metrics.json").exists():
+        return
+    if isinstance(e, KeyboardInterrupt):
+        reason = "interrupted; continue it with trainer.resume=<this directory> if it holds last.pt"
+    else:
+        reason = " ".join(one_line(e).split()) or type(e).__name__
+    try:
+        (out_dir / FAILED).write_text(f"{type(e).__name__}: {reason}\n")
+    except OSError:
+        pass  # never hide the run's own error behind a second one
+
+
+FAILED = "FAILED"
+
+
+@contextmanager
+def run_lock(out_dir: Path, grid: bool):
+    """An exclusive OS lock on the run directory while it runs (``bftrec.grid.cell_lock``), for every
+    run, not only grid cells: two processes given one directory can never mix their files."""
+    entered = False
+    try:
+        with cell_lock(out_dir):
+            entered = True
+            yield
+    except ConfigError as e:
+        if entered:  # the run's own error, not the lock's
+            raise
+        if grid:
+            raise NotThisRun(str(e)) from None
+        raise NotThisRun(f"{out_dir} is being written by another live run; give this run another directory "
+                         "(the default run directory is unique; or choose another out_root)") from None
+
+
+def _stamp() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def fresh_dir(base: Path) -> Path:
+    """Create ``base`` exclusively, or ``base_2``, ``base_3``, ... if another run took it (two runs
+    started in the same second); returns the directory made. Never reuses an existing directory."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        path = base if i == 1 else base.with_name(f"{base.name}_{i}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{base}: 10,000 run directories of that name exist; choose another out_root")
+
+
+def _run_dir_resolver(out_root, dataset, model, layer, seed, resume) -> str:
+    """``hydra.run.dir`` of ``configs/train.yaml``: a fresh directory (``fresh_dir``) named after the
+    run; with ``trainer.resume`` after the resumed run's dataset, model, layer and seed."""
+    if resume:
+        try:
+            saved = yaml.safe_load((Path(str(resume)) / "config.yaml").read_text()) or {}
+            dataset, model, layer = (saved[k]["name"] for k in ("dataset", "model", "layer"))
+            seed = saved.get("seed", seed)
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            pass  # run() names the problem in one line
+    return str(fresh_dir(Path(str(out_root)) / str(dataset) / str(model) / str(layer) / f"seed{seed}_{_stamp()}"))
+
+
+OmegaConf.register_new_resolver("bftrec_run_dir", _run_dir_resolver, use_cache=True, replace=True)
+
+
+def task_overrides(cfg: DictConfig) -> Optional[list[str]]:
+    """The command-line overrides of this job (Hydra's ``overrides.task``), or None when ``cfg`` was
+    composed without Hydra's record of them."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if "hydra" in cfg:
+        return list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return None
+
+
+def _without_hydra(cfg: DictConfig) -> DictConfig:
+    if "hydra" not in cfg:
+        return cfg
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+RESUME_FIXED = ("dataset", "model", "layer", "seed")  # what a resumed run takes from its run directory
+
+
+def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig:
+    """The config of ``trainer.resume=<run_dir>``: ``<run_dir>/config.yaml`` with the command line's
+    overrides on top (e.g. ``trainer.epochs=50``, ``data_root``).
+
+    Args:
+        cfg: the composed config; overrides: ``task_overrides(cfg)`` (None: ``cfg`` is taken as it
+            is, and must then agree with the run on dataset, model, layer and seed).
+    Raises:
+        ConfigError: no readable config.yaml in ``run_dir``; an override (or ``cfg``) that would change
+            the run's dataset, model, layer or seed (one line naming it).
+    """
+    run_dir = Path(cfg.trainer.resume)
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"trainer.resume={run_dir}: no config.yaml there; point it at a run directory "
+                          "written by bftrec-train")
+    try:
+        saved = load_run_config(run_dir)  # a v1 layer config reads as units=h
+        assert all(isinstance(saved.get(k), DictConfig) for k in ("dataset", "model", "layer"))
+    except Exception as e:  # yaml and omegaconf raise several types on a torn or foreign file
+        raise ConfigError(f"{path} is not a readable run config ({str(e).splitlines()[0] if str(e) else 'no groups'}); "
+                          "resume from another run directory or start a new run") from None
+    mine, theirs = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(saved, resolve=True)
+    differs = [k for k in RESUME_FIXED if mine.get(k) != theirs.get(k)]
+    if not differs:
+        return cfg
+    what = ", ".join(f"{k}={saved[k].name if k != 'seed' else saved[k]}" for k in RESUME_FIXED)
+    for item in overrides or []:
+        key = item.lstrip("+~").split("=", 1)[0]
+        head = key.split(".")[0].split("@")[0]
+        if head in RESUME_FIXED or head in ("debug", "experiment", "tuned"):
+            raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}; drop the override {item!r} "
+                              "(or start a new run without trainer.resume)")
+    if overrides is None:
+        raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}, but the config differs at "
+                          f"{', '.join(differs)}; compose it with the run's dataset, model, layer and seed")
+    out = saved.copy()
+    with open_dict(out):
+        for key in ("data_root", "cache_dir", "out_root", "log_level", "print_config", "trainer.resume"):
+            if OmegaConf.select(cfg, key) is not None or key in ("trainer.resume",):
+                OmegaConf.update(out, key, OmegaConf.select(cfg, key), force_add=True)
+        for item in overrides:
+            key = item.lstrip("+~").split("=", 1)[0]
+            if key in ("trainer", "eval"):  # a group choice: that whole group
+                out[key] = cfg[key]
+            elif "." in key or key in cfg:
+                OmegaConf.update(out, key, OmegaConf.select(cfg, key), force_add=True)
+    log.info("resuming %s: dataset, model, layer, seed and the recipe from its config.yaml", run_dir)
+    return out
+
+
+def check_model_config(mc, lc) -> None:
+    """The backbone's shared checks and the BFT layer's, before any data is read: one-line ConfigError.
+    (Checks that need the data, such as ``n_negatives`` < the number of items, run when it is built.)"""
+    from bftrec.layers.bft import BFTLayerConfig, check_bft_config
+    from bftrec.models.base import check_common
+
+    check_common(mc, sys.maxsize)
+    if isinstance(lc, BFTLayerConfig):
+        check_bft_config(lc)
+
+
 def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict, started: float) -> dict:
     """The body of ``run``: build, fit to early stopping, score the test split at the best checkpoint."""
     root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
+    torch.set_num_threads(tc.num_threads or default_threads())
     seed_everything(root.seed, tc.deterministic)
 
     data, counts, model = build(g, device)
@@ -223,12 +410,13 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
                  extra_state={"config": resolved})
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # rank 0 has written the best checkpoint
-    best = torch.load(out_dir / "checkpoint.pt", map_location=device, weights_only=False)
+    best = load_checkpoint(out_dir / "checkpoint.pt", device, ("model", "epoch"),
+                           "delete the run directory to rerun it")
     if best.get("epoch") != result.best_epoch:
         raise ConfigError(f"{out_dir / 'checkpoint.pt'} holds epoch {best.get('epoch')}, not the best epoch "
                           f"{result.best_epoch} (a job killed between two saves?); delete the run directory "
                           "to rerun it")
-    model.load_state_dict(best["model"])
+    load_weights(model, best, out_dir / "checkpoint.pt", "delete the run directory to rerun it")
     metrics = evaluate_test(model, data, counts, ev, device, mc.max_len)
     if "mechanism" in metrics and result.initial_gain is not None:
         metrics["mechanism"]["gain_first_batch"] = {
@@ -261,6 +449,18 @@ def init_distributed(device: torch.device, out_dir: Path) -> tuple[torch.device,
     return device, Path(shared[0])
 
 
+def default_threads() -> int:
+    """``trainer.num_threads=0``: 1 thread on a machine with at most 2 usable CPUs (where a second
+    thread made ``make run`` 3.7x slower under load: 180 s against 49 s), else min(4, torch's default,
+    which is the number of physical cores). More threads than that buy little for these small
+    models and oversubscribe a laptop or a shared machine."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if usable <= 2 else max(1, min(4, TORCH_THREADS, usable))
+
+
+TORCH_THREADS = torch.get_num_threads()  # torch's own default, before any run sets it
+
+
 def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int) -> dict:
     """Score the test split once; return test metrics, strata, mechanism and the rank table."""
     sink: Optional[list] = [] if ev.mechanism else None
@@ -291,15 +491,19 @@ def _repeat_share(data, table) -> float:
 
 
 def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: float) -> None:
+    """Write ranks.csv.gz, env.json, summary.md and, last, metrics.json; log the summary table."""
     table = metrics.pop("ranks")
     with atomic(out_dir / "ranks.csv.gz") as tmp:
         table.to_csv(tmp, index=False, compression="gzip")
     with atomic(out_dir / "env.json") as tmp:
         tmp.write_text(json.dumps(env_info(device, started), indent=2))
+    summary = summary_markdown(metrics)
+    with atomic(out_dir / "summary.md") as tmp:
+        tmp.write_text(summary)
+    (out_dir / FAILED).unlink(missing_ok=True)  # a retried cell that succeeds is no longer failed
     with atomic(out_dir / "metrics.json") as tmp:  # last: its presence marks a finished run
         tmp.write_text(json.dumps(metrics, indent=2, sort_keys=False))
-    log.info("test HR@10 %.4f NDCG@10 %.4f -> %s", metrics["test"]["overall"]["HR@10"],
-             metrics["test"]["overall"]["NDCG@10"], out_dir)
+    log.info("%s\n-> %s", summary.rstrip(), out_dir)
 
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_PKG}", config_name="train")

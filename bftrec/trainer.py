@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import pickle
 import random
 import re
 import shutil
@@ -61,6 +60,8 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
             raise ConfigError(f"trainer.{key}={getattr(cfg, key)} must be >= 0 (0 = off/default)")
     if not cfg.lr > 0:
         raise ConfigError(f"trainer.lr={cfg.lr} must be > 0")
+    if not (cfg.divergence_factor == 0 or cfg.divergence_factor > 1):
+        raise ConfigError(f"trainer.divergence_factor={cfg.divergence_factor} must be > 1 (or 0 = off)")
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
     metrics = [f"{m}@{k}" for k in eval_cfg.ks for m in ("HR", "NDCG")] + ["MRR"]
     if cfg.select_metric not in metrics:
@@ -180,6 +181,42 @@ def mean_gain(model: nn.Module, batch: dict) -> Optional[list]:
     return [float(layer["K"][valid].mean()) for layer in mech["layers"]]
 
 
+def load_checkpoint(path: Path, device: torch.device, keys: tuple = ("model",), fix: str = "") -> dict:
+    """``torch.load`` a checkpoint written by ``fit``; a torn, empty or foreign file is one line.
+
+    Raises:
+        ConfigError: the file cannot be unpickled, or lacks ``keys``; names the file and ``fix``.
+    """
+    try:
+        ck = torch.load(path, map_location=device, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # unpickling garbage raises many types (EOFError, RuntimeError, UnpicklingError, ...)
+        why = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise ConfigError(f"{path} is unreadable (a torn or foreign file: {why}); {fix}") from None
+    missing = [k for k in keys if not isinstance(ck, dict) or k not in ck]
+    if missing:
+        raise ConfigError(f"{path} is not a bftrec checkpoint (no {', '.join(missing)}); {fix}")
+    return ck
+
+
+def load_weights(model: nn.Module, ck: dict, path: Path, fix: str = "") -> None:
+    """``model.load_state_dict(ck["model"])``; weights of another config are one line (ConfigError)."""
+    try:
+        model.load_state_dict(ck["model"])
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        raise ConfigError(f"{path} does not fit this model ({' '.join(lines[1:2] or lines[:1])[:200]}); "
+                          f"{fix}") from None
+
+
+def _last_good(out_dir: Path, state: dict) -> str:
+    if state["epoch"] == 0:
+        return "no epoch had finished, nothing was saved"
+    return (f"the last good state is kept: {out_dir / 'last.pt'} (epoch {state['epoch']}) and "
+            f"{out_dir / 'checkpoint.pt'} (best epoch {state['best_epoch']})")
+
+
 def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
@@ -193,7 +230,11 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     Writes ``checkpoint.pt`` (best weights + ``extra_state``), ``last.pt`` (resume state) and
     ``history.csv`` (per evaluation: epoch, loss, valid metrics, seconds).
     Raises:
-        ConfigError: bad trainer settings; ValueError: a non-finite loss (with epoch and step).
+        ConfigError: bad trainer settings, an unreadable ``last.pt`` / ``checkpoint.pt`` to resume from.
+        ValueError: divergence: a non-finite loss or gradient norm, or a loss above
+            ``divergence_factor`` x the first epoch's mean (the first step's during epoch 1), with
+            epoch and step; a non-finite validation score, with the epoch. ``last.pt`` and
+            ``checkpoint.pt`` then keep the last good epoch.
     """
     check_trainer_config(cfg, eval_cfg, max_len)
     amp = cfg.amp and device.type == "cuda"
@@ -217,18 +258,18 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         last = Path(cfg.resume) / "last.pt"
         if not last.exists():
             raise ConfigError(f"trainer.resume={cfg.resume}: no last.pt there; point it at a run directory")
-        try:
-            ck = torch.load(last, map_location=device, weights_only=False)
-        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-            raise ConfigError(f"{last} is unreadable ({str(e).splitlines()[0]}); delete it to restart the run "
-                              "from epoch 1") from None
-        model.load_state_dict(ck["model"])
+        ck = load_checkpoint(last, device, ("model", "optimizer", "state", "generator", "torch_rng"),
+                             "delete it to restart the run from epoch 1 (or resume another run directory)")
+        load_weights(model, ck, last, "resume with the run's own config (trainer.resume reads its config.yaml)")
         opt.load_state_dict(ck["optimizer"])
         state = ck["state"]
         gen.set_state(ck["generator"])
         torch.set_rng_state(ck["torch_rng"])
         log.info("resumed from %s at epoch %d", last, state["epoch"])
         best_ck = Path(cfg.resume) / "checkpoint.pt"
+        if best_ck.exists():  # the best epoch may precede the resume: it must be readable
+            load_checkpoint(best_ck, device, fix=f"its best epoch {state['best_epoch']} is lost; rerun without "
+                            "trainer.resume")
         if is_main() and best_ck.exists() and best_ck.resolve() != (out_dir / "checkpoint.pt").resolve():
             shutil.copy2(best_ck, out_dir / "checkpoint.pt")  # the best epoch may precede the resume
     else:
@@ -236,6 +277,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         state["initial_gain"] = mean_gain(model, first)
 
     steps = cfg.max_steps_per_epoch or None
+    first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
+    params = [p for p in model.parameters() if p.requires_grad]
     stopped = state["bad"] >= cfg.patience  # a resumed run that had already stopped early stays stopped
     last_epoch = state["epoch"] if stopped else cfg.epochs
     for epoch in range(state["epoch"] + 1, last_epoch + 1):
@@ -243,7 +286,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         model.train()
         batches = epoch_batches(lengths, cfg.batch_size, gen, rank, world, cfg.length_bucketing)
         total, count = 0.0, 0
-        bar = tqdm(batches[:steps], desc=f"epoch {epoch}", leave=False, disable=not (cfg.progress and is_main()))
+        # disable=None: tqdm draws only on a terminal (no bar in logs, pipes or CI)
+        bar = tqdm(batches[:steps], desc=f"epoch {epoch}", leave=False,
+                   disable=None if cfg.progress and is_main() else True)
         for step, idx in enumerate(bar):
             idx = idx.to(device)
             if times is not None:
@@ -253,21 +298,38 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                 batch = {"seq": trim_left(seqs[idx])}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = runner(batch)
-            if not torch.isfinite(loss):
-                raise ValueError(f"non-finite training loss {loss.item()} at epoch {epoch}, step {step}; "
-                                 f"lower trainer.lr or set trainer.grad_clip")
+            value = loss.item()
+            ref = state["history"][0]["loss"] if state["history"] else (first_loss or value)
+            first_loss = first_loss or value
+            if not math.isfinite(value):
+                raise ValueError(f"non-finite training loss {value} at epoch {epoch}, step {step}; lower "
+                                 f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
+            if cfg.divergence_factor and value > cfg.divergence_factor * ref:
+                raise ValueError(f"training diverged at epoch {epoch}, step {step}: loss {value:.4g} is "
+                                 f"{value / ref:.3g}x the first {'epoch' if state['history'] else 'step'}'s "
+                                 f"{ref:.4g} (trainer.divergence_factor={cfg.divergence_factor:g}); lower "
+                                 f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            else:
+                norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            if not torch.isfinite(norm):
+                raise ValueError(f"non-finite gradient norm at epoch {epoch}, step {step} (loss {value:.4g}); "
+                                 f"lower trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; "
+                                 f"{_last_good(out_dir, state)}")
             opt.step()
-            total, count = total + loss.item(), count + 1
+            total, count = total + value, count + 1
             bar.set_postfix(loss=f"{total / count:.4f}")
         row = {"epoch": epoch, "loss": total / max(count, 1), "train_seconds": time.time() - t0}
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
             t1 = time.time()
-            table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
-                               max_len, data.train_counts(), eval_cfg, device)
+            try:
+                table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
+                                   max_len, data.train_counts(), eval_cfg, device)
+            except ValueError as e:  # a non-finite score: name the epoch and what is kept
+                raise ValueError(f"validation after epoch {epoch}: {e}; {_last_good(out_dir, state)}") from None
             valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
             row.update({f"valid_{k}": v for k, v in valid.items() if k != "n_users"})
             row["eval_seconds"] = time.time() - t1

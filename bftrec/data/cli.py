@@ -1,6 +1,6 @@
 """``bftrec-data``: list, inspect, prepare (cache) and download datasets.
 
-    bftrec-data list
+    bftrec-data list [--data-root D]
     bftrec-data stats <name> [--data-root D] [--cache-dir C]
     bftrec-data prepare <name> [--data-root D] [--cache-dir C]
     bftrec-data download <name> [--data-root D]
@@ -10,20 +10,24 @@ Errors print one line on stderr and exit with status 2 (no traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Optional
 
-from bftrec.data.datasets import dataset_config, dataset_names, download, load_dataset
+from tabulate import tabulate
+
+from bftrec.data.datasets import dataset_config, dataset_names, download, load_dataset, resolve_data_root
+from bftrec.data.preprocess import report_table
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bftrec-data", description=__doc__.split("\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="list the dataset configs")
+    lp = sub.add_parser("list", help="list the dataset configs and whether each raw file is present")
+    lp.add_argument("--data-root", default=None, help="data root (default: $BFTREC_DATA_ROOT)")
     for name, text in (("stats", "print statistics and the preprocessing report"),
                        ("prepare", "read and preprocess into the cache"),
                        ("download", "download the raw file (where a url is known)")):
@@ -36,24 +40,34 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _list() -> None:
-    print(f"{'name':18s} {'format':11s} {'kcore':>5s}  path")
+def _list(data_root: Optional[str]) -> None:
+    """One row per dataset config: format, k-core, raw file and whether it is under the data root."""
+    try:
+        root: Optional[Path] = resolve_data_root(data_root)
+    except ValueError:  # no data root set: presence unknown, say how to set it
+        root = None
+    rows = []
     for name in dataset_names():
         cfg = dataset_config(name)
-        print(f"{name:18s} {cfg.format:11s} {cfg.kcore:5d}  {cfg.path or '-'}")
+        if not cfg.path:
+            present = "built in"
+        elif root is None:
+            present = "? (no data root)"
+        else:
+            present = "yes" if (root / cfg.path).is_file() else \
+                (f"no (bftrec-data download {name})" if cfg.url else "no")
+        rows.append((name, cfg.format, cfg.kcore, cfg.path or "-", present))
+    print(f"data root: {root if root is not None else 'not set (set BFTREC_DATA_ROOT or pass --data-root)'}")
+    print(tabulate(rows, headers=("name", "format", "kcore", "raw file", "present"), tablefmt="simple"))
 
 
 def _stats(name: str, data_root: Optional[str], cache_dir: Optional[str]) -> None:
     data = load_dataset(dataset_config(name), data_root, cache_dir)
     s = data.stats
-    tie = "n/a (no timestamps)" if s["tie_rate"] is None else f"{s['tie_rate']:.4f}"
-    print(f"dataset       {name}")
-    print(f"users         {s['users']:,}")
-    print(f"items         {s['items']:,}")
-    print(f"interactions  {s['interactions']:,}")
-    print(f"mean length   {s['mean_len']:.2f}")
-    print(f"tie rate      {tie}")
-    print("report        " + json.dumps(s, sort_keys=True))
+    print(f"{name}: preprocessing report")
+    print(report_table({k: v for k, v in s.items() if k != "source"}))
+    if s.get("source"):
+        print(f"source: {s['source'].get('path')} (sha256 {s['source'].get('sha256')})")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -63,7 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "list":
-            _list()
+            _list(args.data_root)
         elif args.cmd == "stats":
             _stats(args.name, args.data_root, args.cache_dir)
         elif args.cmd == "prepare":

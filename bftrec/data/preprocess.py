@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
+from tabulate import tabulate
 
 from bftrec.data.config import DatasetConfig, check_config
 
@@ -241,6 +242,29 @@ def preprocess(df: pd.DataFrame, cfg: DatasetConfig) -> SeqData:
         tie_rate=_tie_rate(offsets, timestamps),
         repeat_interactions=repeats,
     )
-    log.info("%s: %s", cfg.name, stats)
+    log.info("%s: preprocessing\n%s", cfg.name, report_table(stats))
     return SeqData(cfg.name, n_items, user_ids, item_ids, items.astype(np.int64), timestamps,
                    offsets, stats)
+
+
+def report_table(stats: dict) -> str:
+    """The preprocessing report of ``preprocess`` (its ``stats`` dict) as a small readable table:
+    raw counts, what each step dropped, the final counts (``tabulate``, plain format)."""
+    s = dict(stats)
+
+    def triple(prefix: str) -> str:
+        return " / ".join(f"{s.pop(prefix + k):,}" for k in ("users", "items", "interactions"))
+
+    rows = [("raw users / items / interactions", triple("raw_")),
+            ("duplicates dropped", f"{s.pop('duplicates_dropped'):,}"),
+            ("k-core", f"k={s.pop('kcore')}: {s.pop('kcore_rounds')} rounds, "
+                       f"{s.pop('kcore_removed'):,} interactions removed"),
+            ("short users dropped", f"{s.pop('short_users_dropped'):,} "
+                                    f"({s.pop('short_interactions_dropped'):,} interactions)"),
+            ("users / items / interactions", triple("")),
+            ("mean length", f"{s.pop('mean_len'):.2f}"),
+            ("tie rate", "n/a (no timestamps)" if s.get("tie_rate") is None else f"{s.pop('tie_rate'):.4f}"),
+            ("repeat interactions", f"{s.pop('repeat_interactions'):,}")]
+    s.pop("tie_rate", None)
+    rows += [(k.replace("_", " "), str(v)) for k, v in s.items()]  # anything else (has_timestamps, source)
+    return tabulate(rows, tablefmt="plain")

@@ -30,3 +30,27 @@ def test_errors_are_one_line_with_status_2(capsys, monkeypatch, tmp_path):
         err = capsys.readouterr().err
         assert err.startswith("bftrec-data: error:") and text in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_list_shows_which_raw_files_are_present(capsys, tmp_path):
+    """Issue 9.13: `list` says, per dataset, whether its raw file is under the data root."""
+    from bftrec.data.datasets import dataset_config
+
+    path = tmp_path / dataset_config("lastfm").path
+    path.parent.mkdir(parents=True)
+    path.write_text("1 1 2\n")
+    assert main(["list", "--data-root", str(tmp_path)]) == 0
+    rows = {ln.split()[0]: ln.split(maxsplit=4)[4] for ln in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["lastfm"] == "yes" and rows["office"].startswith("no") and rows["synthetic"] == "built in"
+
+
+def test_stats_report_is_a_table_not_a_dict(capsys, caplog):
+    """Issue 9.13: the preprocessing report (printed and logged) is a readable table."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="bftrec.data.preprocess"):
+        assert main(["stats", "synthetic"]) == 0
+    out = capsys.readouterr().out
+    assert "{" not in out and "duplicates dropped" in out
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "{" not in logged and "k-core" in logged

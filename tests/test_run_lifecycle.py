@@ -1,0 +1,214 @@
+"""Run lifecycle and console (issue 9: items 2, 3, 5, 6, 7, 10, 13), end to end through ``run``."""
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from bftrec import train as train_mod
+from bftrec.config import ConfigError
+from bftrec.evaluate import rescore
+from bftrec.grid import cell_lock
+from bftrec.models.sasrec import SASRec
+from bftrec.train import CONFIG_DIR, run
+from tests.test_train_e2e import smoke_cfg
+
+
+def cli_cfg(tmp_path, *overrides):
+    """A config composed as the command line composes it: Hydra's record of the overrides included."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.cache_dir = str(tmp_path / "cache")
+    return cfg
+
+
+def messages(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+# --- 2. the result at a glance -------------------------------------------------------------------
+
+def test_bft_run_ends_with_a_strata_and_mechanism_table(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="bftrec"):
+        m = run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
+    table = (tmp_path / "run" / "summary.md").read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if ln.startswith("| ")}
+    assert {"overall", "Q0", "Q1", "Q2", "Q3", "Q4", "cold users", "warm users"} <= set(rows)
+    assert "K" in rows["stratum"] and "λ⁰" in rows["stratum"]
+    q0 = m["test"]["by_item_freq"][0]
+    assert f"{q0['lo']}–{q0['hi']}" in rows["Q0"] and f"{m['mechanism']['by_item_freq'][0]['K']:.4f}" in rows["Q0"]
+    assert f"{m['test']['overall']['HR@10']:.4f}" in rows["overall"]
+    assert table.strip() in messages(caplog)  # the same table ends the console output
+
+
+def test_standard_run_summary_has_no_mechanism_columns(tmp_path):
+    run(smoke_cfg(tmp_path), tmp_path / "run")
+    table = (tmp_path / "run" / "summary.md").read_text()
+    assert "cold users" in table and "λ⁰" not in table
+
+
+# --- 3. resume takes the run's own config --------------------------------------------------------
+
+def test_resume_reads_dataset_model_layer_and_seed_from_the_run(tmp_path):
+    run(smoke_cfg(tmp_path, "model.d_model=32", "layer=bft", "seed=3"), tmp_path / "a")
+    cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer.epochs=2")  # no dataset=, model.*, layer=
+    m = run(cfg, tmp_path / "b")
+    assert (m["layer"], m["seed"], m["epochs_run"]) == ("bft", 3, 2)
+    assert m["data"]["users"] == 200  # the smoke dataset of the run, not the default synthetic one
+
+
+def test_resume_refuses_an_override_that_changes_the_run(tmp_path):
+    run(smoke_cfg(tmp_path, "model.d_model=32"), tmp_path / "a")
+    cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "model.d_model=16")
+    with pytest.raises(ConfigError, match="drop the override 'model.d_model=16'"):
+        run(cfg, tmp_path / "b")
+    assert not (tmp_path / "b" / "config.yaml").exists()
+
+
+# --- 5. a failed run is marked; model checks come before the data --------------------------------
+
+@pytest.mark.parametrize("override, message", [("model.n_heads=3", "divisible"), ("model.max_len=0", "max_len")])
+def test_model_config_is_checked_before_data_and_files(tmp_path, monkeypatch, override, message):
+    def no_data(*a, **k):
+        raise AssertionError("the dataset was loaded before the model config was checked")
+
+    monkeypatch.setattr(train_mod, "load_dataset", no_data)
+    (tmp_path / "run").mkdir()  # as Hydra leaves it
+    with pytest.raises(ConfigError, match=message):
+        run(smoke_cfg(tmp_path, override), tmp_path / "run")
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    assert message in (tmp_path / "run" / "FAILED").read_text()
+
+
+def test_refused_directory_of_a_finished_run_is_not_marked_failed(tmp_path):
+    run(smoke_cfg(tmp_path), tmp_path / "run")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run(smoke_cfg(tmp_path), tmp_path / "run")
+    assert not (tmp_path / "run" / "FAILED").exists() and (tmp_path / "run" / "metrics.json").exists()
+
+
+# --- 6. run directories are unique and locked ----------------------------------------------------
+
+def test_default_run_dirs_of_one_second_differ(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_mod, "_stamp", lambda: "20250101-000000")
+    dirs = []
+    for _ in range(2):  # Hydra resolves hydra.run.dir once per process
+        cfg = cli_cfg(tmp_path, f"out_root={tmp_path}/runs")
+        dirs.append(cfg.hydra.run.dir)
+    assert dirs[0] != dirs[1] and dirs[1].endswith("seed0_20250101-000000_2")
+    assert not any((tmp_path / "runs").rglob("*.json"))
+    a = run(smoke_cfg(tmp_path, f"out_root={tmp_path}/runs2"))
+    b = run(smoke_cfg(tmp_path, f"out_root={tmp_path}/runs2"))
+    assert a["test"] == b["test"] and len(list((tmp_path / "runs2").rglob("metrics.json"))) == 2
+
+
+def test_a_directory_held_by_a_live_run_is_refused(tmp_path):
+    with cell_lock(tmp_path / "run"):
+        with pytest.raises(ConfigError, match="being written by another live run"):
+            run(smoke_cfg(tmp_path), tmp_path / "run")
+    assert not (tmp_path / "run" / "FAILED").exists() and not (tmp_path / "run" / "config.yaml").exists()
+
+
+# --- 7. divergence -------------------------------------------------------------------------------
+
+def test_diverged_run_stops_and_is_marked_failed(tmp_path):
+    with pytest.raises(ValueError, match=r"diverged at epoch 1, step \d+.*trainer.lr"):
+        run(smoke_cfg(tmp_path, "trainer.lr=1e3", "trainer.epochs=3"), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    assert "diverged" in (tmp_path / "run" / "FAILED").read_text()
+
+
+def test_divergence_later_keeps_the_last_good_epoch(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    original = SASRec.training_loss
+
+    def blows_up_in_epoch_2(self, batch):
+        calls["n"] += 1
+        loss = original(self, batch)
+        return loss * 1e4 if calls["n"] > 4 else loss  # 200 users / 64 per batch = 4 steps per epoch
+
+    monkeypatch.setattr(SASRec, "training_loss", blows_up_in_epoch_2)
+    with pytest.raises(ValueError, match=r"diverged at epoch 2, step 0.*last.pt \(epoch 1\)"):
+        run(smoke_cfg(tmp_path, "trainer.epochs=3"), tmp_path / "run")
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=False)["state"]["epoch"] == 1
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["epoch"] == 1
+
+
+def test_non_finite_gradient_norm_stops_with_epoch_and_step(tmp_path, monkeypatch):
+    original = SASRec.training_loss
+
+    def infinite_grad(self, batch):  # finite loss, NaN gradient: d sqrt(x)/dx at x = 0
+        return original(self, batch) + (self.item_emb.weight[0, 0] * 0).abs().sqrt()
+
+    monkeypatch.setattr(SASRec, "training_loss", infinite_grad)
+    with pytest.raises(ValueError, match="non-finite gradient norm at epoch 1, step 0"):
+        run(smoke_cfg(tmp_path), tmp_path / "run")
+
+
+def test_non_finite_validation_score_names_the_epoch(tmp_path, monkeypatch):
+    monkeypatch.setattr(SASRec, "score_items", lambda self, batch: torch.full(
+        (batch["item_seq"].shape[0], 81), float("nan")))
+    with pytest.raises(ValueError, match="validation after epoch 1: non-finite score"):
+        run(smoke_cfg(tmp_path), tmp_path / "run")
+
+
+# --- 10. corrupt checkpoints ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finished")
+    run(smoke_cfg(tmp), tmp / "run")
+    return tmp / "run"
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage\x00\x01", "truncated", "foreign"])
+def test_corrupt_checkpoint_is_one_line(tmp_path, finished_run, content):
+    shutil.copytree(finished_run, tmp_path / "run")
+    ck = tmp_path / "run" / "checkpoint.pt"
+    if content == "truncated":
+        ck.write_bytes(ck.read_bytes()[:200])
+    elif content == "foreign":
+        torch.save({"weights": 1}, ck)
+    else:
+        ck.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"{ck}.*(retrain|resume)") as e:
+        rescore(tmp_path / "run", [], tmp_path / "re")
+    assert "\n" not in str(e.value)
+
+
+def test_corrupt_last_pt_on_resume_is_one_line(tmp_path):
+    run(smoke_cfg(tmp_path), tmp_path / "a")
+    torch.save({"model": {}}, tmp_path / "a" / "last.pt")  # readable, but no resume state
+    with pytest.raises(ConfigError, match="last.pt is not a bftrec checkpoint.*delete it"):
+        run(smoke_cfg(tmp_path, "trainer.epochs=2", f"trainer.resume={tmp_path / 'a'}"), tmp_path / "b")
+
+
+# --- 13. a calmer console ------------------------------------------------------------------------
+
+def test_config_dump_only_on_request(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="bftrec"):
+        run(smoke_cfg(tmp_path), tmp_path / "a")
+    assert "config:\n" not in messages(caplog) and (tmp_path / "a" / "config.yaml").exists()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bftrec"):
+        run(smoke_cfg(tmp_path, "print_config=true"), tmp_path / "b")
+    assert "config:\n" in messages(caplog)
+
+
+def test_no_progress_bar_when_not_a_terminal(tmp_path, capsys):
+    run(smoke_cfg(tmp_path, "trainer.progress=true"), tmp_path / "run")
+    assert "epoch 1" not in capsys.readouterr().err
+
+
+def test_eval_does_not_log_the_untrained_lambda0(tmp_path, caplog):
+    run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        m = rescore(tmp_path / "run", [], tmp_path / "re")
+    assert "mean lambda0" not in messages(caplog)
+    assert json.loads((tmp_path / "re" / "metrics.json").read_text())["test"] == m["test"]
+    assert (tmp_path / "re" / "summary.md").exists()
