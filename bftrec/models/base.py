@@ -117,8 +117,10 @@ def check_common(cfg, n_items: int) -> None:
 
 
 CE_CHUNK = 128
-"""Default rows (positions) per chunk of the full-softmax CE (``model.ce_chunk``); chosen by measurement
-(scripts/bench_train.py, results/bench/train_cpu.json)."""
+"""Default rows (positions) per chunk of the full-softmax CE (``model.ce_chunk``). Measured on CPU
+(scripts/bench_train.py, ``chunk_sweep_head_alone`` in results/bench/train_cpu.json): 64 to 256 are
+equal within run-to-run noise (about 10%, their order changes between runs), 32 and >= 512 slower; 128
+keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
 
 
 class _ChunkedLogSumExp(torch.autograd.Function):
