@@ -23,6 +23,7 @@ import torch
 from bftrec.config import ConfigError, EvalConfig, check_choice
 from bftrec.data.batches import Split, history_pairs, loo_split, trim_left, windows
 from bftrec.metrics import ranks_from_scores
+from bftrec.models.base import reused_score_buffer
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,33 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
+def _check_finite(scores: torch.Tensor, users: np.ndarray) -> None:
+    """ValueError naming the user and item of the first non-finite score in columns 1.. of (B, N + 1).
+
+    One reduction (a sum is finite iff every term is, barring overflow), the exact search only then.
+    """
+    if torch.isfinite(scores[:, 1:].sum()):
+        return
+    bad = ~torch.isfinite(scores[:, 1:])
+    if bad.any():
+        r, c = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"non-finite score {scores[r, c + 1].item()} for user {users[r]}, item {c + 1}: "
+                         f"the model diverged; lower trainer.lr or check the data")
+
+
+def _full_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Pessimistic ranks, ``1 + #{other items with score >= the target's}`` (as
+    ``bftrec.metrics.ranks_from_scores``), of checked (B, N + 1) scores; overwrites ``scores`` with 0/1.
+
+    No (B, N + 1) temporary: the comparison is written in place and summed in float32, exact while
+    N + 1 <= 2**24 (larger tables, or other dtypes, go through ranks_from_scores). Returns (B,) int64.
+    """
+    if scores.shape[1] > 2 ** 24 or scores.dtype != torch.float32:
+        return ranks_from_scores(scores, targets)
+    target_score = scores.gather(1, targets[:, None])  # (B, 1), finite: checked, and never masked
+    return scores.ge_(target_score).sum(1).to(torch.int64)  # the target counts itself: the "1 +"
+
+
 @torch.no_grad()
 def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Optional[np.ndarray],
                which: str, n_items: int, max_len: int, train_counts: np.ndarray, cfg: EvalConfig,
@@ -128,6 +156,7 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
     was_training = model.training
     model.eval()
     out = []
+    pool: dict = {}  # one (B, N + 1) score block for every chunk, not a fresh one per chunk
     for lo in range(0, len(split.users), cfg.batch_size):
         sl = slice(lo, lo + cfg.batch_size)
         part = split.subset(np.arange(len(split.users))[sl])
@@ -139,12 +168,9 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
         if timestamps is not None:
             batch["time"] = torch.from_numpy(t).to(device)
         # fp32 scoring even under AMP training: bf16 scores create ties, and ties count against the target
-        scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
-        bad = ~torch.isfinite(scores[:, 1:])
-        if bad.any():
-            r, c = (int(v) for v in bad.nonzero()[0])
-            raise ValueError(f"non-finite score {scores[r, c + 1].item()} for user {part.users[r]}, item {c + 1}: "
-                             f"the model diverged; lower trainer.lr or check the data")
+        with reused_score_buffer(pool):
+            scores = model.score_items(batch)[:, : n_items + 1].float()  # (B, N + 1)
+        _check_finite(scores, part.users)
         tgt = torch.from_numpy(part.targets).to(device)
         miss = np.zeros(len(part.users), dtype=bool)
         if cfg.exclude_history:
@@ -161,7 +187,7 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
             c = torch.from_numpy(cands[sl]).to(device)
             r = ranks_from_scores(scores.gather(1, c), torch.zeros(len(c), dtype=torch.long, device=device))
         else:
-            r = ranks_from_scores(scores, tgt)
+            r = _full_ranks(scores, tgt)  # overwrites scores
         r = r.cpu().numpy()
         r[miss] = n_items + 1
         out.append(pd.DataFrame({"user": part.users, "target": part.targets, "rank": r,

@@ -121,3 +121,81 @@ def test_k_larger_than_items_raises():
     items, offsets = toy_sequences()
     with pytest.raises(ValueError, match="K"):
         ranks(LastItemScorer(30), items, offsets, 30, ks=[10, 50])
+
+
+class RoundedScorer(LastItemScorer):
+    """Integer scores in -2..2 (plus a constant ``offset``): most items tie with the target."""
+
+    def __init__(self, n_items: int, offset: float = 0.0) -> None:
+        super().__init__(n_items)
+        with torch.no_grad():
+            self.W.copy_(self.W.round().clamp(-2, 2) + offset)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e38])  # 1e38: the row sums overflow, the scores stay finite
+def test_pessimistic_ties_exact_and_independent_of_batch_size(offset: float) -> None:
+    items, offsets = toy_sequences(n_users=40)
+    n = 30
+    model = RoundedScorer(n, offset)
+    split = loo_split(items, offsets, "test")
+    expected = []
+    for r in range(len(split.users)):
+        hist = set(items[split.start[r]:split.end[r]].tolist())
+        s = model.W[items[split.end[r] - 1]].detach().numpy()
+        t = split.targets[r]
+        expected.append(1 + sum(1 for i in range(1, n + 1) if i != t and i not in hist and s[i] >= s[t]))
+    for bs in (3, 7, 1000):
+        assert ranks(model, items, offsets, n, batch_size=bs)["rank"].tolist() == expected, bs
+
+
+def test_minus_inf_score_raises():
+    items, offsets = toy_sequences()
+    model = LastItemScorer(30)
+    with torch.no_grad():
+        model.W[:, 7] = float("-inf")
+    with pytest.raises(ValueError, match="non-finite score -inf .* item 7"):
+        ranks(model, items, offsets, 30, exclude_history=False)
+
+
+def test_backbone_ranks_match_ranks_from_scores_with_reused_buffer():
+    """SASRec scores through the reused score buffer (chunks of 4, 16 and one) equal a plain scoring."""
+    import bftrec.models  # noqa: F401
+    from bftrec.layers import LAYER_CONFIGS
+    from bftrec.metrics import ranks_from_scores
+    from bftrec.models import MODELS, DataInfo
+
+    items, offsets = toy_sequences(n_users=16)
+    n = 30
+    torch.manual_seed(0)
+    cls = MODELS.get("sasrec")
+    model = cls(cls.Config(d_model=8, n_layers=1, n_heads=1, d_ff=16, max_len=8), LAYER_CONFIGS["standard"](),
+                DataInfo(n_items=n, train_counts=np.bincount(items, minlength=n + 1)))
+    split = loo_split(items, offsets, "test")
+    with torch.no_grad():
+        s = model.eval().score_items({"item_seq": torch.from_numpy(windows(items, split.start, split.end, 8))})
+    rows, cols = history_pairs(items, split.start, split.end)
+    keep = cols != split.targets[rows]
+    s[rows[keep], cols[keep]] = float("-inf")
+    expected = ranks_from_scores(s, torch.from_numpy(split.targets)).tolist()
+    for bs in (4, 16, 1):
+        assert ranks(model, items, offsets, n, batch_size=bs)["rank"].tolist() == expected, bs
+
+
+def test_full_scores_reuses_one_buffer_only_inside_the_block():
+    from bftrec.models.base import full_scores, reused_score_buffer
+
+    g = torch.Generator().manual_seed(0)
+    table, bias = torch.randn(11, 4, generator=g), torch.randn(11, generator=g)
+    h1, h2 = torch.randn(3, 4, generator=g), torch.randn(2, 4, generator=g)
+    ref = full_scores(h2, table, 10, bias)
+    pool: dict = {}
+    with torch.no_grad():
+        with reused_score_buffer(pool):
+            a = full_scores(h1, table, 10, bias).data_ptr()
+        with reused_score_buffer(pool):
+            b = full_scores(h2, table, 10, bias)
+        assert b.data_ptr() == a  # the second chunk wrote into the first one's block
+        torch.testing.assert_close(b, ref)
+        assert full_scores(h1, table, 10, bias).data_ptr() != a  # outside the block: fresh
+    with reused_score_buffer(pool):  # with gradients enabled: fresh, differentiable
+        assert full_scores(h1, table.requires_grad_(), 10).requires_grad

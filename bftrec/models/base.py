@@ -15,6 +15,8 @@ Batches are dicts of tensors, all left-padded with 0 (the last column is the pre
 """
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from bftrec.config import ConfigError, check_choice
 from bftrec.registry import Registry
@@ -109,6 +112,9 @@ def check_common(cfg, n_items: int) -> None:
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"model.dropout={cfg.dropout} must be in [0, 1)")
     check_choice(cfg.loss, LOSSES, "model.loss")
+    if getattr(cfg, "ce_chunk", CE_CHUNK) < 0:
+        raise ConfigError(f"model.ce_chunk={cfg.ce_chunk} must be >= 1 (positions per softmax chunk), "
+                          f"or 0 for the unchunked reference")
     if cfg.loss in ("sampled_softmax", "bce") and cfg.n_negatives < 1:
         raise ConfigError(f"model.n_negatives={cfg.n_negatives} must be >= 1 for loss={cfg.loss}")
     if cfg.loss == "sampled_softmax" and cfg.n_negatives >= n_items:
@@ -116,9 +122,135 @@ def check_common(cfg, n_items: int) -> None:
                           f"use loss=ce for a full softmax")
 
 
+CE_CHUNK = 128
+"""Default rows (positions) per chunk of the full-softmax CE (``model.ce_chunk``). Measured on CPU
+(scripts/bench_train.py, ``chunk_sweep_head_alone`` in results/bench/train_cpu.json): 64 to 256 are
+equal within run-to-run noise (about 10%, their order changes between runs), 32 and >= 512 slower; 128
+keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
+
+
+class _ChunkedLogSumExp(torch.autograd.Function):
+    """``sum_p logsumexp_j scale * (h_p . table_j + bias_j)`` over chunks of rows; see :func:`chunked_ce`.
+
+    The output is a scalar, so its gradient is known up to the incoming factor while the softmax
+    of a chunk is at hand: the forward accumulates ``d/dh`` (P, D), ``d/dtable`` (N, D) and
+    ``d/dbias`` (N,) and the backward only scales them. No (P, N) tensor and no recomputation.
+    """
+
+    @staticmethod
+    def forward(ctx, h, table, bias, scale: float, chunk: int, with_grad: bool):
+        total, grads = _lse_chunks(h, table, bias, scale, chunk, with_grad)
+        ctx.in_dtypes = (h.dtype, table.dtype)
+        ctx.save_for_backward(*grads)
+        return total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        gh, gw, gb = ctx.saved_tensors
+        dh, dw = ctx.in_dtypes
+        return ((gh * g).to(dh), (gw * g).to(dw), gb * g if gb is not None else None, None, None, None)
+
+
+def _lse_chunks(h: torch.Tensor, table: torch.Tensor, bias: Optional[torch.Tensor], scale: float, chunk: int,
+                with_grad: bool) -> tuple[torch.Tensor, tuple]:
+    """Sum over rows of the logsumexp of ``scale * (h @ table.T + bias)`` and, if ``with_grad``, its
+    gradients w.r.t. h, table, bias; in chunks of ``chunk`` rows through one reused (N, chunk) buffer.
+
+    h (P, D), table (N, D) of one dtype; bias (N,) or None. Softmax in float32 (float64 for float64 inputs).
+    """
+    P, N = h.shape[0], table.shape[0]
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    total = torch.zeros((), dtype=acc, device=h.device)
+    gh = torch.empty(h.shape, dtype=acc, device=h.device) if with_grad else None
+    gw = torch.zeros(table.shape, dtype=acc, device=h.device) if with_grad else None
+    gb = torch.zeros(N, dtype=acc, device=h.device) if with_grad and bias is not None else None
+    buf = torch.empty(N * min(chunk, P), dtype=h.dtype, device=h.device)  # the only (N, .) allocation
+    for lo in range(0, P, chunk):
+        hc = h[lo: lo + chunk]  # (c, D), c <= chunk (ragged last chunk)
+        c = hc.shape[0]
+        # logits transposed, (N, c): table @ h^T runs faster than h @ table^T on CPU (measured)
+        z = torch.mm(table, hc.t(), out=buf[: N * c].view(N, c))
+        z = z if z.dtype == acc else z.to(acc)  # low-precision matmul (AMP): softmax in float32
+        if bias is not None:
+            z.add_(bias[:, None])
+        if scale != 1.0:
+            z.mul_(scale)
+        m = z.amax(0, keepdim=True)  # (1, c)
+        z.sub_(m).exp_()  # unnormalised softmax over items, in place
+        s = z.sum(0, keepdim=True)  # (1, c)
+        total += (m + s.log()).sum()
+        if with_grad:
+            r = (scale / s).t()  # (c, 1): d lse / d(h . table_j + b_j) = scale * softmax_j = z_j * r
+            p = z if z.dtype == h.dtype else z.to(h.dtype)  # (N, c)
+            gh[lo: lo + c] = torch.mm(p.t(), table) * r  # (c, D)
+            hr = (hc * r).to(h.dtype)  # (c, D)
+            if gw.dtype == h.dtype:
+                gw.addmm_(p, hr)  # (N, D)
+            else:
+                gw.add_(torch.mm(p, hr))
+            if gb is not None:
+                gb.add_(torch.mv(z, r.squeeze(1).to(z.dtype)))  # (N,)
+    return total, (gh, gw, gb)
+
+
+def chunked_ce(h: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               scale: float = 1.0, chunk: int = CE_CHUNK) -> torch.Tensor:
+    """Full-softmax cross-entropy without materialising the (P, N) logits or their gradient.
+
+    ``mean_p [logsumexp_j z_pj - z_p,targets_p]`` with ``z = scale * (h @ table.T + bias)``; equal to
+    :func:`plain_ce` up to float32 rounding. Memory O(chunk x N + (P + N) x D): the logsumexp is
+    taken per chunk of ``chunk`` rows, whose softmax also gives the gradients at once (the output is
+    a scalar), so the backward neither stores nor recomputes logits. Under autocast the two matmuls
+    run in the autocast dtype, the softmax in float32 (as ``F.cross_entropy(logits.float())``).
+
+    Args:
+        h: (P, D) float hidden states, one row per target.
+        targets: (P,) int64 class indices in ``[0, N)``.
+        table: (N, D) float class embeddings (items 1..N: the caller drops padding row 0).
+        bias: optional (N,) float class bias.
+        scale: logit multiplier (1 / temperature); 1.0 skips the multiplication.
+        chunk: rows per chunk, >= 1.
+    Returns:
+        scalar float32 (float64 for float64 inputs).
+    Raises:
+        ValueError: ``chunk < 1``.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} must be >= 1 (rows of the CE per chunk; model.ce_chunk)")
+    acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+    target = (h.to(acc) * table[targets].to(acc)).sum(-1)  # (P,) target logits
+    if bias is not None:
+        target = target + bias[targets].to(acc)
+    target = target * scale if scale != 1.0 else target
+    dev = h.device.type
+    hm, tm = h, table
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        hm, tm = h.to(dt), table.to(dt)
+    elif tm.dtype != hm.dtype:
+        tm = tm.to(hm.dtype)
+    with_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, table, bias))
+    with torch.autocast(dev, enabled=False):
+        lse_sum = _ChunkedLogSumExp.apply(hm, tm, bias.to(acc) if bias is not None else None, float(scale),
+                                          int(chunk), with_grad)
+    return (lse_sum - target.sum()) / len(targets)
+
+
+def plain_ce(h: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, bias: Optional[torch.Tensor] = None,
+             scale: float = 1.0) -> torch.Tensor:
+    """The reference full-softmax CE: materialises (P, N) logits; same arguments as :func:`chunked_ce`."""
+    logits = h @ table.t()  # (P, N)
+    if bias is not None:
+        logits = logits + bias
+    if scale != 1.0:
+        logits = logits * scale
+    return F.cross_entropy(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), targets)
+
+
 def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tensor, loss: str,
                    n_negatives: int, n_items: int, bias: Optional[torch.Tensor] = None,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, ce_chunk: int = CE_CHUNK) -> torch.Tensor:
     """Loss of predicting ``targets`` from hidden states, averaged over non-padding positions.
 
     Args:
@@ -129,7 +261,9 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
             (SASRec, Kang & McAuley 2018); ``sampled_softmax`` ``n_negatives`` uniform negatives
             shared by the batch, accidental hits masked.
         bias: optional (N + 1 (+ specials),) output bias (BERT4Rec).
-        temperature: logits are divided by it (HSTU's cosine logits).
+        temperature: logits are divided by it (HSTU's cosine logits); 1.0 skips the division.
+        ce_chunk: ``ce`` only: positions per chunk of :func:`chunked_ce`; 0 = :func:`plain_ce`, the
+            reference that materialises the (P, N) logits.
     Returns:
         scalar float32.
     """
@@ -141,12 +275,10 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
     table = item_emb[: n_items + 1]
     b = bias[: n_items + 1] if bias is not None else None
     if loss == "ce":
-        logits = h @ table.t()  # (P, N + 1)
-        if b is not None:
-            logits = logits + b
-        logits = logits / temperature
-        logits[:, 0] = torch.finfo(logits.dtype).min  # padding is never a class
-        return F.cross_entropy(logits.float(), pos)
+        # padding (id 0) is never a class: classes are items 1..N, i.e. rows 1.. of the table, so the
+        # target id t is class t - 1 (slicing costs nothing and, unlike masking column 0, no copy)
+        args = (h, pos - 1, table[1:], b[1:] if b is not None else None, 1.0 / temperature)
+        return chunked_ce(*args, chunk=ce_chunk) if ce_chunk else plain_ce(*args)
     if loss == "bce":
         neg = torch.randint(1, n_items + 1, pos.shape, device=pos.device)  # (P,)
         pos_logit = (h * table[pos]).sum(-1)
@@ -162,15 +294,51 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
     if b is not None:
         pos_logit, neg_logit = pos_logit + b[pos, None], neg_logit + b[neg]
     neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], torch.finfo(neg_logit.dtype).min)
-    logits = torch.cat([pos_logit, neg_logit], dim=1).float() / temperature  # (P, 1 + K)
+    logits = torch.cat([pos_logit, neg_logit], dim=1).float()  # (P, 1 + K)
+    logits = logits / temperature if temperature != 1.0 else logits
     return F.cross_entropy(logits, torch.zeros(len(pos), dtype=torch.long, device=pos.device))
+
+
+_SCORE_POOL: contextvars.ContextVar = contextvars.ContextVar("score_pool", default=None)
+
+
+@contextmanager
+def reused_score_buffer(pool: dict):
+    """Within the block, :func:`full_scores` writes into the float32 buffer kept in ``pool`` (one per
+    device, grown as needed; pass the same dict to reuse it across blocks).
+
+    The full-ranking scorer holds one chunk's (B, N + 1) scores at a time; a fresh block that size
+    costs page faults and zero-filling on every chunk on CPU (as much as half the matmul at Sports'
+    size). Each result is overwritten by the next call with that pool, so use it only where no
+    earlier result is kept (``bftrec.evaluation.rank_users``). With gradients enabled, or for a
+    dtype other than float32, ``full_scores`` allocates as usual.
+    """
+    token = _SCORE_POOL.set(pool)
+    try:
+        yield
+    finally:
+        _SCORE_POOL.reset(token)
 
 
 def full_scores(h_last: torch.Tensor, item_emb: torch.Tensor, n_items: int,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """(B, D) @ (N + 1, D)^T -> (B, N + 1) float32 with padding (column 0) set to -inf."""
-    scores = (h_last @ item_emb[: n_items + 1].t()).float()
-    if bias is not None:
-        scores = scores + bias[: n_items + 1].float()
+    """(B, D) @ (N + 1, D)^T -> (B, N + 1) float32 with padding (column 0) set to -inf.
+
+    Inside :func:`reused_score_buffer` (no grad, float32) the result lives in a reused buffer.
+    """
+    table = item_emb[: n_items + 1]
+    pool = _SCORE_POOL.get()
+    if pool is not None and not torch.is_grad_enabled() and h_last.dtype == table.dtype == torch.float32:
+        need = h_last.shape[0] * (n_items + 1)
+        buf = pool.get(h_last.device)
+        if buf is None or buf.numel() < need:
+            buf = pool[h_last.device] = torch.empty(need, dtype=torch.float32, device=h_last.device)
+        scores = torch.mm(h_last, table.t(), out=buf[:need].view(h_last.shape[0], n_items + 1))
+        if bias is not None:
+            scores.add_(bias[: n_items + 1])
+    else:
+        scores = (h_last @ table.t()).float()
+        if bias is not None:
+            scores = scores + bias[: n_items + 1].float()
     scores[:, 0] = float("-inf")
     return scores

@@ -94,6 +94,7 @@ class HSTUConfig:
     max_len: int = 50               # most recent items kept per sequence (L)
     loss: str = "sampled_softmax"   # sampled_softmax | ce, over cosine / temperature
     n_negatives: int = 128          # uniform negatives for sampled_softmax (shared by the batch)
+    ce_chunk: int = 128             # ce: positions per chunk of the softmax, 0 = materialise (P, N)
     init_std: float = 0.02          # std of item embeddings (truncated), W_uvqk and rab (reference: 0.02)
     attn_norm: str = "max_len"      # max_len (reference) | valid: divide SiLU weights by this count
     time_bias: bool = True          # add the bucketed log time-gap bias (needs timestamps)
@@ -302,7 +303,7 @@ class HSTU(SeqRecModel):
         time = batch.get("time")
         h = self.encode(inputs, time[:, :-1] if time is not None else None)  # (B, L, D)
         return next_item_loss(h, targets, self.item_table(), self.cfg.loss, self.cfg.n_negatives,
-                              self.n_items, temperature=self.cfg.temperature)
+                              self.n_items, temperature=self.cfg.temperature, ce_chunk=self.cfg.ce_chunk)
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf."""

@@ -38,6 +38,7 @@ class SASRecConfig:
     max_len: int = 50          # most recent items kept per sequence (L)
     loss: str = "ce"           # ce | bce | sampled_softmax
     n_negatives: int = 256     # negatives for sampled_softmax (shared by the batch)
+    ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
     init_std: float = 0.02     # N(0, init_std) initialisation
 
 
@@ -158,7 +159,7 @@ class SASRec(SeqRecModel):
         targets = targets * inputs.ne(0)  # no target where the input is padding
         h = self.encode(inputs)
         return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
-                              self.n_items)
+                              self.n_items, ce_chunk=self.cfg.ce_chunk)
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf."""

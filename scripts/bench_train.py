@@ -1,0 +1,299 @@
+"""Cost of a Sports full-softmax (CE) training epoch against the matmul-FLOP bound. Never a timed test.
+
+SASRec on Amazon Sports (35,598 users, 18,357 items) at its tuned config
+(``configs/tuned/sports_sasrec.yaml``) with ``model.loss=ce``, CPU, ``--threads`` (default 1):
+
+- **FLOP per epoch**: forward + backward matmul FLOPs (3x the forward: one GEMM for the inputs' and
+  one for the weights' gradient per forward GEMM) of the encoder (QKV, output and FFN projections,
+  QK^T and AV per block) and of the softmax head (``2 P N D`` forward), summed over the batches the
+  trainer produces for epoch 1 (``bftrec.trainer.epoch_batches`` with length bucketing, each batch
+  trimmed by ``trim_left``: the real (B, L') shapes and target counts P). The formula is checked
+  against ``torch.utils.flop_counter.FlopCounterMode`` on real batches (``flop_check``).
+- **GEMM rate**: the three head GEMMs ``torch.mm`` at the FLOP-weighted median batch's shapes, (P, D) x (D, N),
+  (P, N) x (N, D) and (N, P) x (P, D), outputs preallocated, best of ``--gemm-reps``; one thread.
+- **Epoch time**: ``--steps`` trainer steps (zero_grad, loss, backward, Adam) on the first batches of
+  epoch 1 after ``--warmup`` steps (the first warm-up step is the epoch's largest batch, so the peak
+  memory covers the whole epoch), extrapolated to the epoch by FLOP: ``epoch_s = timed_s x
+  epoch_flop / timed_flop`` (the step-count extrapolation is recorded too). Times are the process
+  CPU time (``time.process_time``; one thread, so robust to other jobs on a shared machine) and wall.
+- **Distance from the bound**: ``timed_s / (timed_flop / gemm_rate)``, per clock.
+- **Evaluation**: CPU seconds of one full-ranking pass over the validation users (default ``eval``).
+- **Peak RSS**: each variant runs in a fresh process; ``resource.getrusage(RUSAGE_SELF).ru_maxrss``
+  at its end (the whole process: interpreter, torch, data, model, optimizer, steps).
+
+Variants of the CE head: ``chunked`` (the default, ``model.ce_chunk``), ``plain`` (``model.ce_chunk=0``,
+the materialised reference) and ``legacy`` (the head before issue 11.3, copied below: logits over the
+whole table divided by the temperature, column 0 overwritten in place, ``F.cross_entropy``).
+A chunk sweep times the head alone (forward + backward) at that batch's P: it chose ``CE_CHUNK``.
+
+Usage (needs ``$BFTREC_DATA_ROOT`` holding Amazon Sports)::
+
+    BFTREC_DATA_ROOT=/work/shared/data .venv/bin/python scripts/bench_train.py --threads 1
+
+Writes ``results/bench/train_cpu.json`` (or ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bftrec.data.batches import trim_left  # noqa: E402
+from bftrec.models import base  # noqa: E402
+from bftrec.trainer import _optimizer, epoch_batches, seed_everything, training_tensors  # noqa: E402
+
+VARIANTS = ("legacy", "plain", "chunked")
+OVERRIDES = ["dataset=sports", "model=sasrec", "model.loss=ce", "trainer.device=cpu"]
+SWEEP = (32, 64, 128, 256, 512, 1024)
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def build(variant: str, threads: int):
+    """(model, data, trainer config, seed) at the tuned Sports config; ``variant`` picks the CE head."""
+    from hydra import compose, initialize_config_dir
+
+    from bftrec.train import CONFIG_DIR, typed_groups
+    from bftrec.train import build as build_model
+
+    torch.set_num_threads(threads)
+    over = OVERRIDES + [f"trainer.num_threads={threads}"] + (["model.ce_chunk=0"] if variant != "chunked" else [])
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose("train", overrides=over)
+    g = typed_groups(cfg)
+    seed_everything(g["root"].seed, False)
+    data, _, model = build_model(g, torch.device("cpu"))
+    if variant == "legacy":
+        import bftrec.models.sasrec as sasrec
+
+        sasrec.next_item_loss = legacy_next_item_loss
+    return model, data, g["trainer"], g["root"].seed, g["model"]
+
+
+def legacy_next_item_loss(h, targets, item_emb, loss, n_negatives, n_items, bias=None, temperature=1.0,
+                          ce_chunk=0):
+    """The CE head before issue 11.3 (bftrec/models/base.py at 5d95b5d), for the "before" figure."""
+    keep = targets.ne(0)
+    h, pos = h[keep], targets[keep]  # (P, D), (P,)
+    logits = h @ item_emb[: n_items + 1].t()  # (P, N + 1)
+    logits = logits / temperature
+    logits[:, 0] = torch.finfo(logits.dtype).min  # in place: autograd clones the (P, N + 1) gradient
+    return F.cross_entropy(logits.float(), pos)
+
+
+def epoch_shapes(data, tc, seed: int, max_len: int):
+    """Epoch 1's batches as the trainer builds them: list of (row indices, B, L', P)."""
+    seqs, _ = training_tensors(data, max_len, torch.device("cpu"))
+    lengths = seqs.ne(0).sum(1)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for idx in epoch_batches(lengths, tc.batch_size, gen, 0, 1, tc.length_bucketing):
+        seq = trim_left(seqs[idx])  # (B, L' + 1)
+        P = int((seq[:, 1:].ne(0) & seq[:, :-1].ne(0)).sum())
+        out.append((idx, seq.shape[0], seq.shape[1] - 1, P))
+    return seqs, out
+
+
+def flop(B: int, L: int, P: int, mc, n_items: int) -> dict:
+    """Forward + backward matmul FLOPs of one SASRec step: encoder and head (3x the forward)."""
+    D, F_, T = mc.d_model, mc.d_ff, B * L
+    enc = mc.n_layers * (T * (2 * D * 3 * D + 2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * L * D)
+    return {"encoder": 3 * enc, "head": 3 * 2 * P * n_items * D}
+
+
+# ------------------------------------------------------------------------------------------------ measures
+def gemm_rate(P: int, N: int, D: int, reps: int) -> dict:
+    """GFLOP/s of the three head GEMMs at (P, N, D), outputs preallocated, best of ``reps`` (CPU time)."""
+    g = torch.Generator().manual_seed(0)
+    h, W, G = torch.randn(P, D, generator=g), torch.randn(N, D, generator=g), torch.rand(P, N, generator=g)
+    o1, o2, o3 = torch.empty(P, N), torch.empty(P, D), torch.empty(N, D)
+    calls = {"h @ W^T (P, N)": lambda: torch.mm(h, W.t(), out=o1), "G @ W (P, D)": lambda: torch.mm(G, W, out=o2),
+             "G^T @ h (N, D)": lambda: torch.mm(G.t(), h, out=o3)}
+    best = {}
+    for name, f in calls.items():
+        f()
+        ts = []
+        for _ in range(reps):
+            t0 = time.process_time()
+            f()
+            ts.append(time.process_time() - t0)
+        best[name] = min(ts)
+    fl = 2 * P * N * D
+    return {"P": P, "N": N, "D": D, "per_gemm_gflops": {k: fl / v / 1e9 for k, v in best.items()},
+            "gflops": 3 * fl / sum(best.values()) / 1e9}
+
+
+def chunk_sweep(P: int, N: int, D: int, reps: int) -> dict:
+    """CPU seconds of the CE head alone (loss + backward) at (P, N, D): plain and each chunk size."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(P, D, generator=g).requires_grad_()
+    W = (torch.randn(N, D, generator=g) * 0.1).requires_grad_()
+    t = torch.randint(0, N, (P,), generator=g)
+    fns = {"plain": lambda: base.plain_ce(h, t, W)}
+    fns.update({str(c): (lambda c=c: base.chunked_ce(h, t, W, chunk=c)) for c in SWEEP})
+    times: dict = {k: [] for k in fns}
+    for rep in range(reps + 1):  # round-robin; the first round warms up
+        for k, f in fns.items():
+            t0 = time.process_time()
+            f().backward()
+            h.grad = W.grad = None
+            if rep:
+                times[k].append(time.process_time() - t0)
+    return {"P": P, "min_cpu_s": {k: min(v) for k, v in times.items()}}
+
+
+def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
+    """Child process: time the trainer steps of one variant; peak RSS at the end."""
+    model, data, tc, seed, mc = build(variant, threads)
+    seqs, shapes = epoch_shapes(data, tc, seed, mc.max_len)
+    opt = _optimizer(model, tc)
+    model.train()
+    biggest = max(range(len(shapes)), key=lambda i: shapes[i][3])
+    order = [biggest] + [i for i in range(len(shapes)) if i != biggest]
+    timed = order[warmup: warmup + steps]
+    cpu = wall = 0.0
+    for k, i in enumerate(order[: warmup + steps]):
+        batch = {"seq": trim_left(seqs[shapes[i][0]])}
+        c0, w0 = time.process_time(), time.perf_counter()
+        loss = model.training_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        if k >= warmup:
+            cpu, wall = cpu + time.process_time() - c0, wall + time.perf_counter() - w0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"timed_batches": timed, "timed_cpu_s": cpu, "timed_wall_s": wall, "peak_rss_bytes": peak,
+            "biggest_batch_P": shapes[biggest][3], "n_batches": len(shapes)}
+
+
+def flop_check(model, seqs, shapes, mc, n_items: int, picks) -> list:
+    """The formula against FlopCounterMode on a few real batches (loss + backward), with the plain head:
+    FlopCounterMode counts the autograd GEMMs but not the chunked head's in-place ``addmm_``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = []
+    chunk, model.cfg.ce_chunk = model.cfg.ce_chunk, 0
+    for i in picks:
+        idx, B, L, P = shapes[i]
+        with FlopCounterMode(display=False) as fc:
+            model.training_loss({"seq": trim_left(seqs[idx])}).backward()
+        model.zero_grad(set_to_none=True)
+        f = flop(B, L, P, mc, n_items)
+        out.append({"B": B, "L": L, "P": P, "formula": f["encoder"] + f["head"], "counted": fc.get_total_flops()})
+    model.cfg.ce_chunk = chunk
+    return out
+
+
+def eval_cost(model, data, max_len: int) -> dict:
+    """CPU seconds of one full-ranking pass over the validation users (default eval config)."""
+    from bftrec.config import EvalConfig
+    from bftrec.evaluation import rank_users
+
+    cfg = EvalConfig()
+    t0 = time.process_time()
+    rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items, max_len,
+               data.train_counts(), cfg, torch.device("cpu"))
+    return {"users": int(data.n_users), "eval_batch_size": cfg.batch_size, "cpu_s": time.process_time() - t0}
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first: the largest batch)")
+    ap.add_argument("--gemm-reps", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "train_cpu.json"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(run_variant(a.child, a.steps, a.warmup, a.threads)))
+        return
+    if not os.environ.get("BFTREC_DATA_ROOT"):
+        sys.exit("bench_train.py: error: set BFTREC_DATA_ROOT to the folder holding Amazon Sports")
+    started, load0 = time.time(), os.getloadavg()
+    model, data, tc, seed, mc = build("chunked", a.threads)
+    N, D = data.n_items, mc.d_model
+    seqs, shapes = epoch_shapes(data, tc, seed, mc.max_len)
+    per = [flop(B, L, P, mc, N) for _, B, L, P in shapes]
+    epoch_flop = sum(f["encoder"] + f["head"] for f in per)
+    P_all = sorted(s[3] for s in shapes)
+    P_med = next(p for p, c in zip(P_all, np.cumsum(P_all)) if c >= sum(P_all) / 2)  # FLOP-weighted median
+    rate = gemm_rate(int(P_med), N, D, a.gemm_reps)
+    sweep = chunk_sweep(int(P_med), N, D, 3)
+    order = sorted(range(len(shapes)), key=lambda i: shapes[i][3])
+    check = flop_check(model, seqs, shapes, mc, N, [order[0], order[len(order) // 2]])
+    evaluation = eval_cost(model, data, mc.max_len)
+    results = {}
+    for v in a.variants.split(","):
+        cmd = [sys.executable, __file__, "--child", v, "--steps", str(a.steps), "--warmup", str(a.warmup),
+               "--threads", str(a.threads)]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        timed_flop = sum(per[i]["encoder"] + per[i]["head"] for i in r["timed_batches"])
+        bound_s = timed_flop / (rate["gflops"] * 1e9)
+        results[v] = {
+            "timed_steps": len(r["timed_batches"]), "timed_gflop": timed_flop / 1e9,
+            "timed_cpu_s": r["timed_cpu_s"], "timed_wall_s": r["timed_wall_s"], "bound_s": bound_s,
+            "x_bound_cpu": r["timed_cpu_s"] / bound_s, "x_bound_wall": r["timed_wall_s"] / bound_s,
+            "x_bound_cpu_at_fastest_gemm": r["timed_cpu_s"] * max(rate["per_gemm_gflops"].values()) * 1e9 / timed_flop,
+            "epoch_cpu_s": r["timed_cpu_s"] * epoch_flop / timed_flop,
+            "epoch_wall_s": r["timed_wall_s"] * epoch_flop / timed_flop,
+            "epoch_cpu_s_by_steps": r["timed_cpu_s"] * len(shapes) / len(r["timed_batches"]),
+            "peak_rss_gb": r["peak_rss_bytes"] / 1e9}
+        print(f"{v:8s} {results[v]['epoch_cpu_s']:7.1f} s/epoch (CPU)  {results[v]['x_bound_cpu']:.2f}x bound  "
+              f"peak RSS {results[v]['peak_rss_gb']:.2f} GB")
+    out = {
+        "command": "BFTREC_DATA_ROOT=... python scripts/bench_train.py " + " ".join(argv or sys.argv[1:]),
+        "device": "cpu", "device_name": _cpu_name(), "torch": torch.__version__, "threads": a.threads,
+        "cpu_count": os.cpu_count(), "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
+        "config": {"tuned": "configs/tuned/sports_sasrec.yaml", "overrides": OVERRIDES,
+                   "model": {k: getattr(mc, k) for k in ("d_model", "n_layers", "n_heads", "d_ff", "max_len")},
+                   "ce_chunk_default": base.CE_CHUNK, "batch_size": tc.batch_size,
+                   "length_bucketing": tc.length_bucketing, "n_items": N, "n_users": int(data.n_users)},
+        "epoch": {"batches": len(shapes), "positions_P": sum(s[3] for s in shapes),
+                  "gflop": epoch_flop / 1e9, "gflop_head": sum(f["head"] for f in per) / 1e9,
+                  "gflop_encoder": sum(f["encoder"] for f in per) / 1e9,
+                  "median_batch_P": int(statistics.median(P_all)),
+                  "flop_weighted_median_batch_P": int(P_med), "max_batch_P": P_all[-1],
+                  "flop_counting": "forward + backward (3x forward) matmul FLOPs of the encoder (QKV, out, FFN, "
+                                   "QK^T, AV) and the head (2 P N D forward) over epoch 1's real trimmed batches"},
+        "flop_check": check,
+        "gemm_rate": rate,
+        "extrapolation": "epoch_s = timed_s x epoch_gflop / timed_gflop over the first --steps batches of epoch 1 "
+                         "after --warmup steps (the first warm-up step: the epoch's largest batch); "
+                         "epoch_cpu_s_by_steps = timed_s x batches / timed steps",
+        "x_bound": "timed_s / (timed_gflop / gemm_rate.gflops); _cpu: process CPU time, _wall: wall clock; "
+                   "_at_fastest_gemm: the bound at the fastest of the three head GEMMs' rates (stricter)",
+        "peak_rss": "ru_maxrss of a fresh process per variant (interpreter, torch, data, model, Adam, steps)",
+        "chunk_sweep_head_alone": sweep,
+        "eval_valid_full_ranking": evaluation,
+        "variants": results,
+        "seconds": time.time() - started,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {a.out}")
+
+
+def _cpu_name() -> str:
+    from bftrec.train import device_name
+
+    return device_name(torch.device("cpu"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The full-softmax CE head (bftrec/models/base.py): chunked CE against the materialised reference.
+
+``chunked_ce`` must equal ``plain_ce`` (and the historical formulation: logits over the whole table
+with column 0 masked, ``ignore_index`` on padding targets) in loss and gradients w.r.t. the hidden
+states, the item table and the bias, to float32 rounding; it must save no (P, N) tensor for the
+backward; every backbone with a CE mode must give the same loss and parameter gradients with
+``ce_chunk`` > 0 and with the reference ``ce_chunk=0``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bftrec.models  # noqa: F401  registers the backbones
+from bftrec.config import ConfigError
+from bftrec.layers import LAYER_CONFIGS
+from bftrec.models import MODELS, DataInfo
+from bftrec.models.base import chunked_ce, next_item_loss, plain_ce
+
+TOL = dict(atol=1e-6, rtol=1e-5)
+
+
+def _inputs(P: int, N: int, D: int, dtype=torch.float32, seed: int = 0, cosine: bool = False):
+    """h (P, D), targets (P,), table (N, D), bias (N,); unit rows with ``cosine`` (logits in [-1, 1])."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(P, D, generator=g, dtype=dtype)
+    table = torch.randn(N, D, generator=g, dtype=dtype) * 0.5
+    if cosine:
+        h, table = F.normalize(h, dim=-1), F.normalize(table, dim=-1)
+    h, table = h.requires_grad_(), table.requires_grad_()
+    bias = (torch.randn(N, generator=g, dtype=dtype) * 0.1).requires_grad_()
+    targets = torch.randint(0, N, (P,), generator=g)
+    return h, targets, table, bias
+
+
+def _loss_and_grads(fn, h, table, bias):
+    loss = fn()
+    return (loss, *torch.autograd.grad(loss, (h, table, bias)))
+
+
+@pytest.mark.parametrize("P,chunk", [(37, 10), (37, 37), (5, 64), (9, 1)])  # ragged, exact, P < chunk, 1 row
+@pytest.mark.parametrize("scale", [1.0, 20.0])
+def test_chunked_equals_plain_loss_and_grads_fp32(P: int, chunk: int, scale: float) -> None:
+    h, t, table, bias = _inputs(P, 53, 16, cosine=scale != 1.0)  # scale 20: HSTU's cosine / 0.05
+    ref = _loss_and_grads(lambda: plain_ce(h, t, table, bias, scale), h, table, bias)
+    got = _loss_and_grads(lambda: chunked_ce(h, t, table, bias, scale, chunk=chunk), h, table, bias)
+    assert got[0].dtype == torch.float32
+    for name, a, b in zip(("loss", "d/dh", "d/dtable", "d/dbias"), got, ref):
+        torch.testing.assert_close(a, b, **TOL, msg=name)
+
+
+def test_chunked_without_bias_and_under_no_grad() -> None:
+    h, t, table, _ = _inputs(23, 40, 8)
+    ref = plain_ce(h, t, table)
+    h_grad, w_grad = torch.autograd.grad(chunked_ce(h, t, table, chunk=4), (h, table))
+    torch.testing.assert_close(h_grad, torch.autograd.grad(ref, h, retain_graph=True)[0], **TOL)
+    torch.testing.assert_close(w_grad, torch.autograd.grad(ref, table)[0], **TOL)
+    with torch.no_grad():  # the calibration pass: no gradient work, same value
+        torch.testing.assert_close(chunked_ce(h, t, table, chunk=4), plain_ce(h, t, table), **TOL)
+
+
+def test_gradcheck_fp64() -> None:
+    h, t, table, bias = _inputs(7, 5, 3, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b, c: chunked_ce(a, t, b, c, 3.0, chunk=3), (h, table, bias))
+
+
+def test_chunked_saves_no_P_by_N_tensor() -> None:
+    """The reference keeps (P, N) log-probabilities for the backward; the chunked CE keeps none."""
+    P, N = 40, 300
+    h, t, table, bias = _inputs(P, N, 8)
+
+    def saved_sizes(fn) -> list:
+        sizes: list = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: sizes.append(x.numel()) or x, lambda x: x):
+            fn().backward()
+        return sizes
+
+    assert max(saved_sizes(lambda: plain_ce(h, t, table, bias))) >= P * N  # the check can fail
+    assert max(saved_sizes(lambda: chunked_ce(h, t, table, bias, chunk=8))) < P * N
+
+
+def test_chunk_must_be_positive() -> None:
+    h, t, table, _ = _inputs(3, 4, 2)
+    with pytest.raises(ValueError, match="chunk=0"):
+        chunked_ce(h, t, table, chunk=0)
+
+
+def test_chunked_under_cpu_autocast_is_close() -> None:
+    h, t, table, bias = _inputs(30, 50, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = plain_ce(h, t, table, bias)
+        got = chunked_ce(h, t, table, bias, chunk=7)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref.float(), atol=5e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("ce_chunk", [0, 4])
+@pytest.mark.parametrize("temperature", [1.0, 0.05])
+def test_next_item_loss_ce_matches_masked_formulation(ce_chunk: int, temperature: float) -> None:
+    """Padding targets (0) are ignored; padding (row 0) and special rows past N are never classes."""
+    B, L, D, n_items = 3, 6, 8, 20
+    g = torch.Generator().manual_seed(1)
+    h, table = torch.randn(B, L, D, generator=g), torch.randn(n_items + 2, D, generator=g)  # + a [MASK] row
+    if temperature != 1.0:  # HSTU: cosines / temperature
+        h, table = F.normalize(h, dim=-1), F.normalize(table, dim=-1)
+    h, table = h.requires_grad_(), table.requires_grad_()
+    bias = torch.randn(n_items + 2, generator=g).requires_grad_()
+    targets = torch.randint(1, n_items + 1, (B, L), generator=g)
+    targets[0, :2] = 0
+    targets[2, :5] = 0
+    got = _loss_and_grads(lambda: next_item_loss(h, targets, table, "ce", 0, n_items, bias, temperature,
+                                                 ce_chunk=ce_chunk), h, table, bias)
+
+    def historical():
+        logits = (h.reshape(-1, D) @ table[: n_items + 1].t() + bias[: n_items + 1]) / temperature  # (B L, N + 1)
+        logits = logits.masked_fill(torch.arange(n_items + 1) == 0, float("-inf"))
+        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=0)
+
+    ref = _loss_and_grads(historical, h, table, bias)
+    for name, a, b in zip(("loss", "d/dh", "d/dtable", "d/dbias"), got, ref):
+        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert got[2][0].abs().max() == 0 and got[2][-1].abs().max() == 0  # padding and [MASK] rows untouched
+
+
+# ---------------------------------------------------------------------------------------------- backbones
+
+
+def _ce_models() -> list[str]:
+    """Every registered backbone whose config accepts ``loss=ce`` (all of them use the shared head)."""
+    return [name for name in MODELS.names() if "ce_chunk" in MODELS.get(name).Config.__dataclass_fields__]
+
+
+def _model(name: str, ce_chunk: int):
+    torch.manual_seed(0)
+    cls = MODELS.get(name)
+    cfg = cls.Config(d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8, dropout=0.0, attn_dropout=0.0,
+                     loss="ce", ce_chunk=ce_chunk)
+    counts = np.arange(31, dtype=np.int64)
+    return cls(cfg, LAYER_CONFIGS["standard"](), DataInfo(n_items=30, train_counts=counts, has_timestamps=True))
+
+
+def test_every_backbone_has_the_ce_chunk_key() -> None:
+    assert set(_ce_models()) == set(MODELS.names())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS.names()))
+def test_backbone_training_loss_chunked_equals_reference(name: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    seq = torch.randint(1, 31, (4, 9), generator=g)
+    seq[1, :4] = 0
+    seq[3, :7] = 0
+    time = (1_600_000_000 + torch.randint(1, 1000, seq.shape, generator=g).cumsum(1)) * seq.ne(0)
+    batch = {"seq": seq, "time": time}
+    out = []
+    for ce_chunk in (0, 5):
+        model = _model(name, ce_chunk)
+        torch.manual_seed(3)  # BERT4Rec's cloze masking draws the same positions
+        loss = model.training_loss(batch)
+        loss.backward()
+        out.append((loss.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}))
+    (ref, ref_g), (got, got_g) = out
+    torch.testing.assert_close(got, ref, **TOL)
+    assert set(got_g) == set(ref_g) and ref_g
+    for k in ref_g:
+        torch.testing.assert_close(got_g[k], ref_g[k], **TOL, msg=k)
+
+
+def test_negative_ce_chunk_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="model.ce_chunk=-1"):
+        _model("sasrec", -1)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS.names()))
+def test_ce_chunk_default_is_the_measured_one(name: str) -> None:
+    """Dataclass, model yaml and ``CE_CHUNK`` (chosen by scripts/bench_train.py) agree."""
+    from omegaconf import OmegaConf
+
+    from bftrec.models.base import CE_CHUNK
+    from bftrec.train import CONFIG_DIR
+
+    yaml = OmegaConf.load(f"{CONFIG_DIR}/model/{name}.yaml")
+    assert MODELS.get(name).Config().ce_chunk == yaml.ce_chunk == CE_CHUNK
