@@ -1,0 +1,106 @@
+"""scripts/bench_peer.py without RecBole: the export to RecBole atomic files, the id layout of the score
+adapter, and the one-line error when RecBole is missing."""
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from bftrec.data.batches import train_windows
+from bftrec.data.datasets import dataset_config, load_dataset
+from tests.scripts import load_script
+
+L = 6  # max_len: small, so that many synthetic users are longer than the window
+
+
+@pytest.fixture(scope="module")
+def data():
+    cfg = dataset_config("synthetic")
+    cfg.synthetic.n_users, cfg.synthetic.n_items = 150, 80
+    return load_dataset(cfg)
+
+
+def _read(path):
+    return pd.read_csv(path, sep="\t")
+
+
+@pytest.mark.parametrize("targets", ["window", "all"])
+def test_export_round_trips_users_items_and_order(tmp_path, data, targets):
+    bench = load_script("bench_peer")
+    info = bench.export_atomic(data, tmp_path, "bench", L, targets)
+    inter = _read(tmp_path / "bench" / "bench.inter")
+    assert list(inter.columns) == ["user_id:token", "item_id:token", "timestamp:float"]
+    assert _read(tmp_path / "bench" / "bench.item")["item_id:token"].tolist() == list(range(1, data.n_items + 1))
+    assert info["rows"] == len(inter) and sorted(inter["user_id:token"].unique()) == list(range(data.n_users))
+    for u, g in inter.groupby("user_id:token", sort=True):
+        seq = data.sequence(u)
+        keep = seq if targets == "all" else seq[-(L + 3):]
+        assert g["item_id:token"].tolist() == keep.tolist()  # same items, same order
+        # timestamps: the positions in the full sequence, strictly increasing (RecBole's time order)
+        assert g["timestamp:float"].tolist() == list(range(len(seq) - len(keep), len(seq)))
+    assert info["train_targets"] == bench.bftrec_train_targets(data, L, targets)
+
+
+def test_window_export_gives_recbole_exactly_bftrecs_training_targets(tmp_path, data):
+    """RecBole's augmentation (every prefix, history cut to max_len) and leave-one-out split (last two rows
+    out) on the exported rows give the (history, target) pairs bftrec trains on from its windows."""
+    bench = load_script("bench_peer")
+    bench.export_atomic(data, tmp_path, "bench", L, "window")
+    inter = _read(tmp_path / "bench" / "bench.inter")
+    recbole, bftrec = set(), set()
+    win = train_windows(data.items, data.offsets, L + 1)  # (U, L + 1) what bftrec's trainer sees
+    for u, g in inter.groupby("user_id:token", sort=True):
+        s = g["item_id:token"].tolist()
+        rows = [(tuple(s[max(0, t - L):t]), s[t]) for t in range(1, len(s))]  # RecBole's augmentation
+        recbole.update((u, h, y) for h, y in rows[:-2])  # minus the validation and test rows
+        w = [int(x) for x in win[u] if x]
+        bftrec.update((u, tuple(w[:t]), w[t]) for t in range(1, len(w)))  # causal: target t sees w[:t]
+    assert len(recbole) == bench.bftrec_train_targets(data, L, "window") and recbole == bftrec
+
+
+def test_right_aligned_moves_padding_to_the_end():
+    bench = load_script("bench_peer")
+    left = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4], [0, 0, 0, 9]])
+    seq, lengths = bench.right_aligned(left)
+    assert seq.tolist() == [[5, 6, 0, 0], [1, 2, 3, 4], [9, 0, 0, 0]] and lengths.tolist() == [2, 4, 1]
+
+
+def test_hyperparameters_from_tuned_config_and_overrides():
+    bench = load_script("bench_peer")
+    hp = bench.hyperparameters("sports", ["max_len=20"])
+    assert hp["dropout"] == 0.5 and hp["max_len"] == 20 and hp["batch_size"] == 256
+    with pytest.raises(SystemExit, match="max_lenn=20"):
+        bench.hyperparameters("sports", ["max_lenn=20"])
+
+
+def test_without_recbole_one_line_how_to_install_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "recbole", None)  # unimportable even where it is installed
+    with pytest.raises(SystemExit) as e:
+        load_script("bench_peer").main(["--datasets", "synthetic", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench_peer: error: RecBole")
+    assert "pip install -e '.[peer]'" in lines[0] and not (tmp_path / "x.json").exists()
+
+
+def test_export_rejects_unknown_targets(tmp_path, data):
+    with pytest.raises(ValueError, match="targets='every'"):
+        load_script("bench_peer").export_atomic(data, tmp_path, "bench", L, "every")
+
+
+def test_ratio_and_quality_summary_over_seeds():
+    bench = load_script("bench_peer")
+
+    def run(b, p):
+        sel = {c: {"test": {"NDCG@10": v}} for c, v in zip(bench.CONVENTIONS, (b, b))}
+        sel_p = {c: {"test": {"NDCG@10": v}} for c, v in zip(bench.CONVENTIONS, (p, p))}
+        return {"same_train_targets": True,
+                "bftrec": {"train_targets_per_s": 600.0, "eval_users_per_s": 90.0, "selected": sel},
+                "recbole": {"train_targets_per_s": 100.0, "eval_users_per_s": 30.0, "selected": sel_p}}
+
+    out = bench.summarize_runs([run(0.10, 0.11), run(0.12, 0.13)])
+    assert out["bftrec_over_recbole"] == {"train_targets_per_s": 6.0, "eval_users_per_s": 3.0}
+    q = out["quality"]["masked"]
+    assert np.isclose(q["difference"], -0.01) and np.isclose(q["seed_noise_2se"], 2 * np.sqrt(2e-4 / 2 + 2e-4 / 2))
+    assert q["within_seed_noise"] is True
