@@ -57,7 +57,6 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -219,12 +218,9 @@ class Bftrec:
         self.tc = TrainerConfig(batch_size=hp["batch_size"], lr=hp["lr"], patience=10 ** 9, device="cpu",
                                 num_threads=1, progress=False)
         if targets == "all":
-            names = {f.name for f in fields(TrainerConfig)}
-            if "train_windows" not in names:
-                raise SystemExit("bench_peer: error: --targets all needs bftrec's trainer.train_windows option "
-                                 "(issue 11), which this checkout lacks; use --targets window")
-            default = self.tc.train_windows
-            self.tc.train_windows = True if isinstance(default, bool) else "all"
+            # every training target once per epoch (windows of max_len + 1, stride max_len): the same targets as
+            # RecBole's every-prefix expansion, though a target early in a window sees a shorter context
+            self.tc.train_windows = "sliding"
         mc = merge_schema(SASRecConfig, {**{k: hp[k] for k in HP_KEYS if k in SASRecConfig.__dataclass_fields__},
                                          "loss": "ce"}, "model")
         seed_everything(seed, False)  # as bftrec.train.train_and_test: seed, then build the model
