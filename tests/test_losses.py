@@ -163,8 +163,9 @@ def test_backbone_training_loss_chunked_equals_reference(name: str) -> None:
     (ref, ref_g), (got, got_g) = out
     torch.testing.assert_close(got, ref, **TOL)
     assert set(got_g) == set(ref_g) and ref_g
-    for k in ref_g:
-        torch.testing.assert_close(got_g[k], ref_g[k], **TOL, msg=k)
+    for k in ref_g:  # absolute tolerance on the gradient's own scale (HSTU's temperature 0.05 makes it ~20)
+        scale = max(1.0, float(ref_g[k].abs().max()))
+        torch.testing.assert_close(got_g[k], ref_g[k], atol=TOL["atol"] * scale, rtol=TOL["rtol"], msg=k)
 
 
 def test_negative_ce_chunk_is_a_config_error() -> None:
