@@ -84,7 +84,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     with quiet_init():
         data, counts, model = build(g, device)
     load_weights(model, ck, run_dir / "checkpoint.pt", RECOVER.format(run_dir=run_dir))
-    metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len)
+    metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len, ck.get("tau_start"))  # λ⁰'s start
     metrics = {"dataset": ds.name, "model": g["model"].name, "layer": g["layer"].name, "seed": root.seed,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "rescored_from": str(run_dir), "overrides": overrides, "best_epoch": ck.get("epoch"),

@@ -26,8 +26,9 @@ import torch
 from bftrec.metrics import assign_item_bins
 
 
-def _token_values(sink: list) -> tuple[np.ndarray, np.ndarray, dict, dict]:
-    """(items (T,), users (T,), {name: (T,) or (n_layers, T) float64 per real token}, {param: (n_layers,) means})."""
+def _token_values(sink: list, tau_start=None) -> tuple[np.ndarray, np.ndarray, dict, dict]:
+    """(items (T,), users (T,), {name: (T,) or (n_layers, T) float64 per real token}, {param: (n_layers,) means});
+    with ``tau_start`` ((n_tokens,) float) also ``lam0_start`` = exp(τ_start[item]) per token."""
     items, users, tok, params = [], [], {}, {}
     for chunk in sink:
         valid = (chunk["item_seq"] != 0).cpu().numpy()  # (B, L)
@@ -43,17 +44,20 @@ def _token_values(sink: list) -> tuple[np.ndarray, np.ndarray, dict, dict]:
             else:  # a parameter (e.g. Q (D,)): the same in every chunk
                 params[key] = np.array([float(v.float().mean()) for v in vals])
     cat = {k: np.concatenate(v, axis=-1) for k, v in tok.items()}
-    return np.concatenate(items), np.concatenate(users), cat, params
+    items = np.concatenate(items)
+    if tau_start is not None:
+        cat["lam0_start"] = np.exp(np.asarray(tau_start, dtype=np.float64)[items])  # (T,)
+    return items, np.concatenate(users), cat, params
 
 
 def mechanism_sums(sink: list, train_counts: np.ndarray, bins: list[dict], history_len: np.ndarray,
-                   cold_max_history: int) -> dict:
+                   cold_max_history: int, tau_start=None) -> dict:
     """Sufficient statistics of one process: per group (``all``, ``bin<b>``, ``cold``, ``warm``)
     the token count ``<g>/n`` and the float64 sum ``<g>/<name>`` of every per-token value
     (``lam0``: scalar; ``layer.<key>``: (n_layers,)); parameters under ``param/<key>``. {} for an empty sink."""
     if not sink:
         return {}
-    items, users, tok, params = _token_values(sink)
+    items, users, tok, params = _token_values(sink, tau_start)
     tok_bin = assign_item_bins(train_counts[items], bins)
     cold = history_len[users] <= cold_max_history
     groups = {"all": np.ones(len(items), dtype=bool), **{f"bin{b}": tok_bin == b for b in range(len(bins))},
@@ -85,7 +89,7 @@ def _mean(total, n: float):
 
 
 def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
-                        history_len: np.ndarray, cold_max_history: int) -> dict | None:
+                        history_len: np.ndarray, cold_max_history: int, tau_start=None) -> dict | None:
     """Aggregate collected mechanism chunks over real tokens (of all processes under torch.distributed).
 
     Args:
@@ -95,15 +99,17 @@ def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
         bins: the test strata's item-frequency bins (``metrics.item_freq_bins``).
         history_len: (U,) int64 test history length per user index (all users).
         cold_max_history: users whose history length is <= this are cold.
+        tau_start: optional (n_tokens,) float τ per token id after calibration (BFT.md §0, §7); adds
+            ``lam0_start`` (the same mean of exp(τ_start) over the stratum's tokens) next to ``lam0``.
     Returns:
         None when no process collected anything (standard layers); else JSON-ready
         {"units", "precision_summary",
         "per_layer": [{"layer", "K", "lam_obs", "n_eff", "Q_mean"}] (one entry per (B, L) key and
         ``<key>_mean`` per parameter), "by_item_freq": [{"bin", "lo", "hi", "n_tokens", "K",
-        "K_per_layer", "lam0"}], "cold_users": {"max_history", "n_tokens", "K", "lam0"},
+        "K_per_layer", "lam0"[, "lam0_start"]}], "cold_users": {"max_history", "n_tokens", "K", "lam0"},
         "warm_users": {...}}. K without a layer index is the mean over layers and tokens.
     """
-    s = reduce_sums(mechanism_sums(sink, train_counts, bins, history_len, cold_max_history))
+    s = reduce_sums(mechanism_sums(sink, train_counts, bins, history_len, cold_max_history, tau_start))
     if not s:
         return None
     token_keys = [k[len("all/layer."):] for k in s if k.startswith("all/layer.")]
@@ -121,7 +127,8 @@ def aggregate_mechanism(sink: list, train_counts: np.ndarray, bins: list[dict],
     def stratum(g: str) -> dict:
         n = float(s[f"{g}/n"])
         return {"n_tokens": int(n), "K": _mean(s[f"{g}/layer.K"].sum(), n * n_layers),
-                "K_per_layer": [_mean(x, n) for x in s[f"{g}/layer.K"]], "lam0": _mean(s[f"{g}/lam0"], n)}
+                "K_per_layer": [_mean(x, n) for x in s[f"{g}/layer.K"]], "lam0": _mean(s[f"{g}/lam0"], n),
+                **({"lam0_start": _mean(s[f"{g}/lam0_start"], n)} if f"{g}/lam0_start" in s else {})}
 
     for b, info in enumerate(bins):
         out["by_item_freq"].append({"bin": info["bin"], "lo": info["lo"], "hi": info["hi"], **stratum(f"bin{b}")})

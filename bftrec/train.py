@@ -417,7 +417,7 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
                           f"{result.best_epoch} (a job killed between two saves?); delete the run directory "
                           "to rerun it")
     load_weights(model, best, out_dir / "checkpoint.pt", "delete the run directory to rerun it")
-    metrics = evaluate_test(model, data, counts, ev, device, mc.max_len)
+    metrics = evaluate_test(model, data, counts, ev, device, mc.max_len, result.tau_start)
     if "mechanism" in metrics and result.initial_gain is not None:
         metrics["mechanism"]["gain_first_batch"] = {
             "tokens": "real tokens of the first trainer.batch_size users' training windows",
@@ -461,8 +461,11 @@ def default_threads() -> int:
 TORCH_THREADS = torch.get_num_threads()  # torch's own default, before any run sets it
 
 
-def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int) -> dict:
-    """Score the test split once; return test metrics, strata, mechanism and the rank table."""
+def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch.device, max_len: int,
+                  tau_start: Optional[torch.Tensor] = None) -> dict:
+    """Score the test split once; return test metrics, strata, mechanism and the rank table.
+
+    ``tau_start`` ((n_tokens,) float32, BFT's τ after calibration) adds each stratum's starting λ⁰."""
     sink: Optional[list] = [] if ev.mechanism else None
     table = rank_users(model, data.items, data.offsets, data.timestamps, "test", data.n_items, max_len,
                        counts, ev, device, mech_sink=sink)
@@ -475,7 +478,7 @@ def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch
     if sink is not None:  # every process takes part: the statistics are gathered over all of them
         hist = np.zeros(data.n_users, dtype=np.int64)
         hist[table["user"].to_numpy()] = table["history_len"].to_numpy()
-        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr)
+        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr, tau_start)
         if mech is not None:
             out["mechanism"] = mech
     return out

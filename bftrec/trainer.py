@@ -127,6 +127,7 @@ class FitResult:
     stopped_early: bool = False
     initial_gain: Optional[list] = None   # BFT: mean K per layer on the first batch after calibration
     first_batch: Optional[dict] = None    # that batch (the first batch_size users), to measure K again
+    tau_start: Optional[torch.Tensor] = None  # BFT: (n_tokens,) float32 τ per token id after calibration
 
 
 def training_tensors(data, max_len: int, device: torch.device, mode: str = "last",
@@ -275,6 +276,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     else:
         model.calibrate(first)
         state["initial_gain"] = mean_gain(model, first)
+        tau = getattr(getattr(model, "stack", None), "tau", None)  # BFT: τ's start, log n̄ included (BFT.md §7)
+        state["tau_start"] = tau.start_values().cpu().clone() if tau is not None else None
 
     steps = cfg.max_steps_per_epoch or None
     first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
@@ -338,7 +341,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                 state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)
                 if is_main():
                     with atomic(out_dir / "checkpoint.pt") as tmp:
-                        torch.save({"model": model.state_dict(), "epoch": epoch, **(extra_state or {})}, tmp)
+                        torch.save({"model": model.state_dict(), "epoch": epoch, "tau_start": state.get("tau_start"),
+                                    **(extra_state or {})}, tmp)
             else:
                 state["bad"] += 1
             log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],
@@ -359,4 +363,4 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     if state["best_epoch"] < 0:
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,
-                     state.get("initial_gain"), first)
+                     state.get("initial_gain"), first, state.get("tau_start"))
