@@ -137,7 +137,8 @@ def lam0_bins(run: dict) -> dict:
     lo, hi = bins[0], bins[-1]
     flat = tau["freq_slope"] == 0.0
     fixed = 1.0 if flat and tau["scale"] in ("count", "unit") else None
-    out = {"lo_bin": lo["bin"], "hi_bin": hi["bin"], "lo": lo["lam0"], "hi": hi["lam0"], "ratio": lo["lam0"] / hi["lam0"]}
+    out = {"lo_bin": lo["bin"], "hi_bin": hi["bin"], "lo": lo["lam0"], "hi": hi["lam0"],
+           "ratio": lo["lam0"] / hi["lam0"]}
     out["lo_start"] = lo.get("lam0_start", fixed)
     out["hi_start"] = hi.get("lam0_start", fixed)
     out["ratio_start"] = (out["lo_start"] / out["hi_start"] if "lam0_start" in lo and "lam0_start" in hi
@@ -182,7 +183,8 @@ def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame
         md.append({
             "variant": tag.removeprefix("tau="), "tau.scale": tau["scale"], "tau.kind": tau["kind"],
             "tau.freq_slope": tau["freq_slope"], "tau.lr_scale": tau.get("lr_scale", 1.0),
-            "seeds": str(len(rs)) if len(rs) >= n_seeds else f"{len(rs)} of {n_seeds} (seed {', '.join(map(str, seeds))})",
+            "seeds": (str(len(rs)) if len(rs) >= n_seeds
+                      else f"{len(rs)} of {n_seeds} (seed {', '.join(map(str, seeds))})"),
             "valid NDCG@10": fmt(valid),
             "Δ valid NDCG@10 vs default": "" if tag == DEFAULT or delta is None else
             f"{delta:+.4f} ({100 * delta / base_valid:+.1f}%)",
@@ -220,11 +222,13 @@ def choice_line(num: pd.DataFrame) -> tuple[str, str]:
     line = f"- best by validation NDCG@10: **{best['variant']}** ({best['valid_NDCG@10_mean']:.4f})"
     if len(order) > 1:
         up = order.loc[1]
-        line += f"; margin to the runner-up {up['variant']}: {best['valid_NDCG@10_mean'] - up['valid_NDCG@10_mean']:+.4f}"
+        margin = best["valid_NDCG@10_mean"] - up["valid_NDCG@10_mean"]
+        line += f"; margin to the runner-up {up['variant']}: {margin:+.4f}"
     default = num[num["variant"] == DEFAULT.removeprefix("tau=")]
     if len(default) and best["variant"] != default.iloc[0]["variant"]:
         d = default.iloc[0]["valid_NDCG@10_mean"]
-        line += f"; to the default: {best['valid_NDCG@10_mean'] - d:+.4f} ({100 * (best['valid_NDCG@10_mean'] - d) / d:+.1f}%)"
+        diff = best["valid_NDCG@10_mean"] - d
+        line += f"; to the default: {diff:+.4f} ({100 * diff / d:+.1f}%)"
     elif len(default):
         line += " (the default itself)"
     return str(best["variant"]), line
@@ -247,11 +251,13 @@ def compare_line(dataset: str, groups: dict, best: str, others: list[dict]) -> s
             continue
         cv = float(np.mean([r["valid"]["NDCG@10"] for r in rs]))
         verdict = "h BEATS count on validation" if hv > cv else "count beats h on validation"
+        test_diff = (np.mean([r["test"]["overall"]["NDCG@10"] for r in h])
+                     - np.mean([r["test"]["overall"]["NDCG@10"] for r in rs]))
         parts.append(f"vs {name}: {hv - cv:+.4f} valid NDCG@10 ({verdict}); test NDCG@10 "
-                     f"{np.mean([r['test']['overall']['NDCG@10'] for r in h]) - np.mean([r['test']['overall']['NDCG@10'] for r in rs]):+.4f}"
-                     f" (p {pval(paired_p(h, rs, 'NDCG@10'))})")
+                     f"{test_diff:+.4f} (p {pval(paired_p(h, rs, 'NDCG@10'))})")
     seeds = ", ".join(str(r["seed"]) for r in sorted(h, key=lambda r: r["seed"]))
-    return (f"- v1 (bft.units=h) SASRec bft, {h[0]['_dir'].parent}: valid NDCG@10 {fmt([r['valid']['NDCG@10'] for r in h])} "
+    valid = fmt([r["valid"]["NDCG@10"] for r in h])
+    return (f"- v1 (bft.units=h) SASRec bft, {h[0]['_dir'].parent}: valid NDCG@10 {valid} "
             f"(seeds {seeds}), test NDCG@10 {fmt([r['test']['overall']['NDCG@10'] for r in h])}; " + "; ".join(parts))
 
 
