@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import bftrec.models  # noqa: F401  the import lines register every backbone
@@ -412,7 +413,7 @@ def test_toy_composes_through_hydra(toy_cls) -> None:
 # backbone-specific checks (BERT4Rec cloze, HSTU options)
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key,value", [("mask_prob", 0.0), ("mask_prob", 1.0), ("last_item_mask_share", 1.5),
-                                       ("max_len", 1)])
+                                       ("max_len", 1), ("head", "mlp")])
 def test_bert4rec_config_errors(key: str, value) -> None:
     with pytest.raises(ConfigError, match=key) as e:
         Factory(MODELS.get("bert4rec"), "standard")(**{key: value})
@@ -443,6 +444,37 @@ def test_bert4rec_cloze_masks() -> None:
     masked = model.cloze(big)[0].eq(mask_id)  # (2000, L)
     only_last = masked.sum(1).eq(1) & masked[:, -1]
     assert 0.2 < only_last.float().mean() < 0.4
+    # per-item Bernoulli(mask_prob) on the other rows (Klenitskiy & Vasilev 2023; FeiSun's mean)
+    model.cfg.last_item_mask_share = 0.0
+    share = model.cloze(big)[0].eq(mask_id).float().mean()
+    assert 0.48 < share < 0.52
+
+
+@pytest.mark.parametrize("head", ["mlm", "tied"])
+def test_bert4rec_cloze_loss_and_head(head: str) -> None:
+    """The loss is the mean full-softmax CE over the batch's masked positions (both references),
+    with logits ``head(h) . E_j + b_j`` (mlm) or ``h . E_j`` (tied: no transform, no bias)."""
+    model = Factory(MODELS.get("bert4rec"), "standard")(head=head).eval()  # eval: no dropout
+    train, score = batches()
+    torch.manual_seed(3)
+    loss = model.training_loss(train)
+    torch.manual_seed(3)
+    inputs, targets = model.cloze(train["seq"][:, 1:])  # the same masks
+    h = model.encode(inputs)  # (B, L, D)
+    table = model.item_emb.weight[1: N_ITEMS + 1]  # (N, D) items 1..N: no padding, no [MASK] class
+    if head == "mlm":
+        h = model.head(h)
+        logits = h @ table.t() + model.out_bias[1: N_ITEMS + 1]  # (B, L, N)
+    else:
+        assert model.out_bias is None and not any(n.startswith("head.") for n, _ in model.named_parameters())
+        logits = h @ table.t()
+    keep = targets.ne(0)
+    torch.testing.assert_close(loss, F.cross_entropy(logits[keep], targets[keep] - 1))
+    # scoring reads the same head at the appended [MASK]
+    x = model.scoring_input(score["item_seq"])
+    hs = model.encode(x)[:, -1]  # (B, D)
+    ref = model.head(hs) @ table.t() + (model.out_bias[1: N_ITEMS + 1] if head == "mlm" else 0)
+    torch.testing.assert_close(model.score_items(score)[:, 1:], ref)
 
 
 def test_bert4rec_scores_at_appended_mask() -> None:
