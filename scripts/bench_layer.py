@@ -12,7 +12,14 @@ Measures, standard vs BFT with the same model size and batch, the median over ``
     Sports-like lengths. The loss covers every non-padding input position (next-item targets
     ``seq[:, 1:]``).
 
-BFT runs with the default config and with ``bft.detach_precision_grad=true``. Steps of the variants
+(c) the trainer's real setting (``--only trainer``, part of the default ``all``): real Amazon Sports
+    training windows (needs ``$BFTREC_DATA_ROOT``), 1 thread, batch 512, sampled softmax, length
+    bucketing as ``bftrec.trainer`` does it (``epoch_batches`` sortish batches, left padding trimmed by
+    ``trim_left``), ``--trainer-steps`` steps (a few hundred, not full epochs); every variant walks the
+    same batches in the same order, so ``time_total`` (the ratio of summed step times) is the fair one.
+
+BFT runs in four variants: ``bft.units`` count (``bft``, the default) or h (``bft_h``, v1), each with
+``bft.detach_precision_grad`` false or true (``*_detach``, the cheaper variant). Steps of the variants
 are interleaved (round-robin), so load drift on a shared machine hits all of them alike.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the timed steps of one variant

@@ -32,9 +32,12 @@ standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT 
 term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and the sandwich moments of BFT.md §4
 (``precision.sandwich_stats``).
 
-Cost (BFT.md §5.8): the kriging moments and Kish sums are one autograd node, and so is the FFN
-Jacobian (hand-written backwards that save little); padding has no precision rows, so every
-per-token precision step runs on the valid positions only. ``scripts/bench_layer.py`` measures it.
+Cost (BFT.md §5.8): the softmax, attention dropout, value path, kriging moments and Kish sums are one
+autograd node (``precision.kriging_attention``: α̃ saved once, one (B, H, T, T) gradient), and so is
+the FFN Jacobian (it recomputes the pre-activation on the valid rows, so no (B, T, F) gradient);
+padding has no precision rows, so every per-token precision step runs on the valid positions only.
+``reference_observe = True`` on a block runs the reference composition instead (tests compare the
+two). ``scripts/bench_layer.py`` measures the cost.
 
 The BFT extras live where backbone initialisers do not reach: ``theta_q`` and the τ table are plain
 ``nn.Parameter``s (not ``nn.Linear``/``nn.Embedding``), and τ sits on the stack, not in ``blocks``.
