@@ -12,7 +12,14 @@ Measures, standard vs BFT with the same model size and batch, the median over ``
     Sports-like lengths. The loss covers every non-padding input position (next-item targets
     ``seq[:, 1:]``).
 
-BFT runs with the default config and with ``bft.detach_precision_grad=true``. Steps of the variants
+(c) the trainer's real setting (``--only trainer``, part of the default ``all``): real Amazon Sports
+    training windows (needs ``$BFTREC_DATA_ROOT``), 1 thread, batch 512, sampled softmax, length
+    bucketing as ``bftrec.trainer`` does it (``epoch_batches`` sortish batches, left padding trimmed by
+    ``trim_left``), ``--trainer-steps`` steps (a few hundred, not full epochs); every variant walks the
+    same batches in the same order, so ``time_total`` (the ratio of summed step times) is the fair one.
+
+BFT runs in four variants: ``bft.units`` count (``bft``, the default) or h (``bft_h``, v1), each with
+``bft.detach_precision_grad`` false or true (``*_detach``, the cheaper variant). Steps of the variants
 are interleaved (round-robin), so load drift on a shared machine hits all of them alike.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` during the timed steps of one variant
@@ -43,6 +50,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -51,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
-from bftrec.layers.bft import BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
+from bftrec.layers.bft import BFTHLayerConfig, BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
 from bftrec.models.sasrec_bft import BFTSASRecBlock  # noqa: E402
@@ -61,7 +69,9 @@ SPORTS_ITEMS = 18357
 LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout": 0.2}
 E2E = {"n_items": SPORTS_ITEMS, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256, "max_len": 50,
        "batch": 256, "dropout": 0.2}
-VARIANTS = ("standard", "bft", "bft_detach")
+TRAINER = {"threads": 1, "batch": 512, "loss": "sampled_softmax", "length_bucketing": True, "steps": 300}
+# bft: bft.units=count (default, BFT.md §7); bft_h: bft.units=h (v1, layer=bft_h); *_detach: detach_precision_grad
+VARIANTS = ("standard", "bft", "bft_detach", "bft_h", "bft_h_detach")
 
 
 def _sync(device: torch.device) -> None:
@@ -74,8 +84,15 @@ def _amp(device: torch.device, on: bool):
 
 
 def _bft_params(variant: str) -> BFTParams:
-    """bft: the default config; bft_detach: bft.detach_precision_grad=true."""
-    return BFTParams(detach_precision_grad=variant == "bft_detach")
+    """bft[_h]: bft.units=count (h); *_detach: bft.detach_precision_grad=true."""
+    return BFTParams(units="h" if variant.startswith("bft_h") else "count",
+                     detach_precision_grad=variant.endswith("_detach"))
+
+
+def _layer_cfg(variant: str):
+    if variant == "standard":
+        return StandardLayerConfig()
+    return (BFTHLayerConfig if variant.startswith("bft_h") else BFTLayerConfig)(bft=_bft_params(variant))
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -84,8 +101,8 @@ def sports_lengths(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.minimum(3 + rng.geometric(1 / 4.3, n), E2E["max_len"] + 1)
 
 
-def training_windows(rng: np.random.Generator) -> tuple[torch.Tensor, str]:
-    """(U, max_len + 1) int64 left-padded training windows and a note on their source."""
+def sports_windows() -> Optional[torch.Tensor]:
+    """(U, max_len + 1) int64 left-padded real Amazon Sports training windows, or None without the data."""
     L = E2E["max_len"] + 1
     root = os.environ.get("BFTREC_DATA_ROOT")
     if root:
@@ -96,15 +113,22 @@ def training_windows(rng: np.random.Generator) -> tuple[torch.Tensor, str]:
             data = load_dataset(dataset_config("sports"), data_root=root)
             if data.n_items == SPORTS_ITEMS:
                 w = torch.from_numpy(train_windows(data.items, data.offsets, L))
-                return w[w[:, -1] != 0], "real Amazon Sports training windows"
-        except Exception as err:  # noqa: BLE001  the data package may be unavailable; fall back
-            print(f"(real data unavailable: {err}; using synthetic windows)")
+                return w[w[:, -1] != 0]
+        except Exception as err:  # noqa: BLE001  the data package may be unavailable
+            print(f"(real Sports data unavailable: {err})")
+    return None
+
+
+def training_windows(rng: np.random.Generator) -> tuple[torch.Tensor, str]:
+    """(U, max_len + 1) int64 left-padded synthetic windows with Sports-like lengths (the bench's own
+    end-to-end setting; the trainer setting reads the real ones, ``sports_windows``) and a note."""
+    L = E2E["max_len"] + 1
     n = 4096
     lens = sports_lengths(n, rng)
     w = np.zeros((n, L), dtype=np.int64)
     for i, k in enumerate(lens):
         w[i, L - k:] = rng.integers(1, SPORTS_ITEMS + 1, k)
-    return torch.from_numpy(w), "synthetic windows with Sports-like lengths (BFTREC_DATA_ROOT unset)"
+    return torch.from_numpy(w), "synthetic windows with Sports-like lengths"
 
 
 # ------------------------------------------------------------------------------------------------ runners
@@ -151,31 +175,65 @@ class LayerRunner:
 class E2ERunner:
     """The SASRec train step at the Sports configuration."""
 
-    def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor) -> None:
+    def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor,
+                 batch: int = E2E["batch"]) -> None:
         torch.manual_seed(0)
         c = E2E
         cfg = SASRecConfig(d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"], d_ff=c["d_ff"],
                            max_len=c["max_len"], dropout=c["dropout"], attn_dropout=c["dropout"], loss=loss)
-        layer = StandardLayerConfig() if variant == "standard" else BFTLayerConfig(bft=_bft_params(variant))
+        layer = _layer_cfg(variant)
         counts = np.ones(c["n_items"] + 1, dtype=np.int64)
         self.model = MODELS.get("sasrec")(cfg, layer, DataInfo(n_items=c["n_items"], train_counts=counts)).to(device)
         self.model.train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.device, self.amp, self.windows = device, amp, windows.to(device)
         self.gen = torch.Generator().manual_seed(2)
-        self.model.calibrate({"seq": self.windows[: c["batch"]]})
+        self.batch_size = batch
+        self.model.calibrate({"seq": self.windows[:batch]})
+
+    def next_batch(self) -> torch.Tensor:
+        idx = torch.randint(0, len(self.windows), (self.batch_size,), generator=self.gen).to(self.device)
+        return self.windows[idx]
 
     def step(self) -> None:
-        idx = torch.randint(0, len(self.windows), (E2E["batch"],), generator=self.gen).to(self.device)
+        seq = self.next_batch()
         with _amp(self.device, self.amp):
-            loss = self.model.training_loss({"seq": self.windows[idx]})
+            loss = self.model.training_loss({"seq": seq})
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
 
 
+class TrainerRunner(E2ERunner):
+    """The trainer's real setting: real Sports windows, batch 512, sampled softmax, length bucketing.
+
+    Batches are ``bftrec.trainer.epoch_batches`` (sortish: similar lengths) with the common left
+    padding trimmed (``trim_left``), exactly as ``bftrec.trainer`` feeds them; every variant walks the
+    same batch list in the same order.
+    """
+
+    def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor) -> None:
+        from bftrec.trainer import epoch_batches
+
+        self.batch_size = TRAINER["batch"]
+        E2ERunner.__init__(self, variant, device, amp, TRAINER["loss"], windows, batch=self.batch_size)
+        lengths = windows.ne(0).sum(1)  # (W,)
+        self.batches = epoch_batches(lengths, self.batch_size, torch.Generator().manual_seed(3),
+                                     bucket=TRAINER["length_bucketing"])
+        self.i = 0
+
+    def next_batch(self) -> torch.Tensor:
+        from bftrec.data.batches import trim_left
+
+        idx = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        return trim_left(self.windows[idx.to(self.device)])
+
+
 def make_runner(kind: str, variant: str, device: torch.device, amp: bool, loss: str, windows):
-    return LayerRunner(variant, device, amp) if kind == "layer" else E2ERunner(variant, device, amp, loss, windows)
+    if kind == "layer":
+        return LayerRunner(variant, device, amp)
+    return (TrainerRunner if kind == "trainer" else E2ERunner)(variant, device, amp, loss, windows)
 
 
 # ------------------------------------------------------------------------------------------------ measurement
@@ -256,11 +314,11 @@ def peak_memory(kind: str, variant: str, device: torch.device, amp: bool, loss: 
 def summarize(times: dict, mem: dict) -> dict:
     out: dict = {"variants": {}}
     for name, ts in times.items():
-        out["variants"][name] = {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                                 "n_steps": len(ts), **mem.get(name, {})}
+        out["variants"][name] = {"median_s": statistics.median(ts), "total_s": sum(ts), "min_s": min(ts),
+                                 "max_s": max(ts), "n_steps": len(ts), **mem.get(name, {})}
     base = out["variants"]["standard"]
     out["ratios_vs_standard"] = {
-        name: {"time": v["median_s"] / base["median_s"],
+        name: {"time": v["median_s"] / base["median_s"], "time_total": v["total_s"] / base["total_s"],
                "peak_memory": (v["peak_bytes"] / base["peak_bytes"]) if base.get("peak_bytes") else None}
         for name, v in out["variants"].items() if name != "standard"}
     return out
@@ -278,7 +336,12 @@ def main() -> None:
     ap.add_argument("--mem-steps", type=int, default=2, help="steps per variant for the peak-memory pass")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch CPU threads (0 = torch default); 1 is steadier on a shared machine")
-    ap.add_argument("--only", choices=("layer", "e2e", "both"), default="both")
+    ap.add_argument("--only", choices=("layer", "e2e", "trainer", "both", "all"), default="all",
+                    help="both = layer and e2e; all = layer, e2e and the trainer's setting")
+    ap.add_argument("--trainer-steps", type=int, default=TRAINER["steps"],
+                    help="timed steps per variant in the trainer's setting (real Sports, 1 thread, batch 512)")
+    ap.add_argument("--trainer-mem-steps", type=int, default=20,
+                    help="bucketed batches per variant for the trainer setting's peak-memory pass (same batches)")
     ap.add_argument("--out", default=None, help="JSON path; default results/bench/layer_<device>.json")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why --threads was set)")
     args = ap.parse_args()
@@ -311,17 +374,35 @@ def main() -> None:
         "e2e_inputs": source,
         "layer_backward": "standard: from <h'', g>; BFT: from <h'', g> + <lambda'', g'> (all outputs of a stack layer)",
     }
-    for kind in (("layer", "e2e") if args.only == "both" else (args.only,)):
-        runners = {v: make_runner(kind, v, device, amp, loss, windows) for v in VARIANTS}
-        times = time_interleaved(runners, args.steps, args.warmup, device)
+    kinds = {"both": ("layer", "e2e"), "all": ("layer", "e2e", "trainer")}.get(args.only, (args.only,))
+    real = sports_windows() if "trainer" in kinds else None
+    if "trainer" in kinds and real is None:
+        print("trainer setting skipped: it needs the real Sports data under $BFTREC_DATA_ROOT")
+        kinds = tuple(k for k in kinds if k != "trainer")
+    for kind in kinds:
+        threads = torch.get_num_threads()
+        steps, mem_steps, data = args.steps, args.mem_steps, windows
+        if kind == "trainer":
+            torch.set_num_threads(TRAINER["threads"])
+            steps, mem_steps, data = args.trainer_steps, args.trainer_mem_steps, real
+            result["config"]["trainer"] = {**E2E, **TRAINER, "steps": steps, "mem_batches": mem_steps,
+                                           "threads": TRAINER["threads"], "amp_bf16": amp,
+                                           "n_negatives": n_neg, "inputs": "real Amazon Sports training windows "
+                                           "(bftrec.trainer.epoch_batches sortish batches, common left padding "
+                                           "trimmed by trim_left, as the trainer feeds them)"}
+        runners = {v: make_runner(kind, v, device, amp, loss, data) for v in VARIANTS}
+        times = time_interleaved(runners, steps, args.warmup, device)
         del runners
-        mem = {v: peak_memory(kind, v, device, amp, loss, windows, args.mem_steps) for v in VARIANTS}
+        mem = {v: peak_memory(kind, v, device, amp, loss, data, mem_steps) for v in VARIANTS}
         result[kind] = summarize(times, mem)
+        result[kind]["threads"] = torch.get_num_threads()
+        torch.set_num_threads(threads)
         r = result[kind]["ratios_vs_standard"]
         med = {k: round(v["median_s"] * 1e3, 1) for k, v in result[kind]["variants"].items()}
         print(f"{kind}: median ms {med}")
         for name, x in r.items():
-            print(f"  {name}: time {x['time']:.2f}x, peak memory {x['peak_memory'] or math.nan:.2f}x of standard")
+            print(f"  {name}: time {x['time']:.2f}x (total {x['time_total']:.2f}x), "
+                  f"peak memory {x['peak_memory'] or math.nan:.2f}x of standard")
     result["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     result["wall_s"] = round(time.time() - t_start, 1)
     out = Path(args.out or ROOT / "results" / "bench" / f"layer_{device.type}.json")

@@ -32,9 +32,12 @@ standard ``state_dict`` loads with ``strict=False`` (missing keys: only the BFT 
 term, §3); HSTU uses ``predict_precision(lam, None, Q, ...)`` and the sandwich moments of BFT.md §4
 (``precision.sandwich_stats``).
 
-Cost (BFT.md §5.8): the kriging moments and Kish sums are one autograd node, and so is the FFN
-Jacobian (hand-written backwards that save little); padding has no precision rows, so every
-per-token precision step runs on the valid positions only. ``scripts/bench_layer.py`` measures it.
+Cost (BFT.md §5.8): the softmax, attention dropout, value path, kriging moments and Kish sums are one
+autograd node (``precision.kriging_attention``: α̃ saved once, one (B, H, T, T) gradient), and so is
+the FFN Jacobian (it recomputes the pre-activation on the valid rows, so no (B, T, F) gradient);
+padding has no precision rows, so every per-token precision step runs on the valid positions only.
+``reference_observe = True`` on a block runs the reference composition instead (tests compare the
+two). ``scripts/bench_layer.py`` measures the cost.
 
 The BFT extras live where backbone initialisers do not reach: ``theta_q`` and the τ table are plain
 ``nn.Parameter``s (not ``nn.Linear``/``nn.Embedding``), and τ sits on the stack, not in ``blocks``.
@@ -56,9 +59,12 @@ from torch import nn
 from bftrec.config import ConfigError, check_choice, upgrade_legacy_layer  # noqa: F401  (re-exported)
 from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
 from bftrec.layers.precision import (
+    gather_head_rows,
     gather_rows,
     geometric_mean_d,
+    kriging_attention,
     kriging_bias,
+    observe_from_stats,
     observe_precision,
     scatter_rows,
     valid_rows,
@@ -307,6 +313,10 @@ class BFTBlockMixin:
     updates it after the forward, in training only, with no gradient (``update_prior``).
     """
 
+    # False: the observe step runs as one autograd node (``precision.kriging_attention``, the fast path);
+    # True: the reference composition of small functions it is tested against (tests only)
+    reference_observe: bool = False
+
     def init_bft(self, width: int, n_heads: int, bft_cfg: BFTParams) -> None:
         self.width, self.n_heads_bft, self.bft_cfg = width, n_heads, bft_cfg
         self.theta_q = nn.Parameter(torch.zeros(width))  # (D,), set by the builder
@@ -378,7 +388,28 @@ class BFTBlockMixin:
         logits = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
         allowed = masks.attn & valid[:, None, None, :]  # (B, 1, T, T): BFT.md's where(valid_j, ·, -inf)
         ok = allowed.any(-1) & valid[:, None, :]  # (B, 1, T): valid query with >= 1 valid key
-        with fp32(dev):
+        setter = None
+        if run.calibrate:
+            def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+                self.set_prior(total, count)
+                return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
+        if not self.reference_observe:  # the fast path: one autograd node (precision.kriging_attention)
+            with fp32(dev):
+                bias = kriging_bias(lam, rows, B, T, lo, hi) if learned else None  # (B, 1, 1, T)
+                drop = self.attn.attn_drop
+                m, S_r, a2_r, b_r, a2 = kriging_attention(logits.float(), bias, allowed, v.float(), rows, drop.p,
+                                                          drop.training, stats_grad=not detach)
+                w_o = self.attn.out.weight.float()
+                lam_obs, prior = observe_from_stats(
+                    S_r, a2_r, b_r, gather_head_rows(ok, rows), s0sq, w_o.detach() if detach else w_o,
+                    cfg.prior_dof, lo, hi, want_prior=self.training and not run.calibrate, set_prior=setter,
+                    count=cfg.units == "count")  # (n, D)
+            if prior is not None and not run.calibrate:
+                stats["prior"] = prior
+            record(run.probe, "lam_obs", lam_obs)
+            o = self.attn.out(m.to(v.dtype).transpose(1, 2).reshape(B, T, D))  # (B, H, T, d) -> (B, T, D)
+            return o, lam_obs, ok, a2
+        with fp32(dev):  # the reference path (tests): masked_softmax, nn.Dropout, kriging_stats, row gathers
             logits = logits.float()
             if learned:
                 logits = logits + kriging_bias(lam, rows, B, T, lo, hi)  # + (B, 1, 1, T)
@@ -386,11 +417,6 @@ class BFTBlockMixin:
             a_p, v_p, w_o = alpha, v.float(), self.attn.out.weight.float()
             if detach:
                 a_p, v_p, w_o = a_p.detach(), v_p.detach(), w_o.detach()
-            setter = None
-            if run.calibrate:
-                def setter(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-                    self.set_prior(total, count)
-                    return self.s0sq.float().clone().view(H, d)  # (D,) -> (H, d)
             m_u, lam_obs, a2, prior = observe_precision(
                 a_p, v_p, s0sq, w_o, ok, rows, cfg.prior_dof, lo, hi,
                 want_prior=self.training and not run.calibrate, set_prior=setter,

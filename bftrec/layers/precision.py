@@ -31,7 +31,7 @@ __all__ = [
     "valid_rows", "gather_rows", "scatter_rows", "gather_head_rows",
     "log_mean_precision", "geometric_mean_d", "kriging_bias", "kriging_moments", "kish_b", "kish_sums",
     "kriging_stats", "reml_shrinkage",
-    "prior_statistic", "output_precision", "observe_precision", "kish_n",
+    "prior_statistic", "output_precision", "observe_precision", "kriging_attention", "observe_from_stats", "kish_n",
     "relative_reliability", "sandwich_stats", "sandwich_variance", "gated_output_precision",
     "kalman_gain", "kalman_precision", "kalman_update",
     "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag", "prenorm_ffn_jacobian_diag_fused",
@@ -328,6 +328,150 @@ def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, 
     return m, output_precision(var_m, w_out, lo, hi, ok_r.any(1), one_obs), a2, prior
 
 
+class _KrigingAttention(torch.autograd.Function):
+    """Masked softmax, attention dropout, value path, kriging moments and Kish sums in one autograd node.
+
+    The fast path of BFT.md §1 (``kriging_attention``); the reference is ``masked_softmax`` →
+    ``nn.Dropout`` → ``@ v`` beside ``kriging_stats`` → ``gather_head_rows`` (unit-tested against it).
+    It saves ``α̃`` once (the softmax output *is* the kriging weight), the dropout mask as bool, ``v``,
+    ``m`` and a bool mask of the clamp ``S > 0`` on the valid rows: less than the standard layer's
+    attention keeps (softmax output and dropped weights). Backward forms one (B, H, T, T) gradient,
+    ``∂α̃ = (∂m_v @ vᵀ) ⊙ mask/(1−p) + [∂m − 2m⊙∂S, ∂S] @ [v, v⊙v]ᵀ + 2α̃ ⊙ ∂a2 + (1 − 2α̃) ⊙ ∂b``
+    (with ``∂m = ∂m_v`` when there is no dropout), and runs the softmax backward on it.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, bias, allowed, v, rows, p: float, train: bool, stats_grad: bool):
+        ctx.set_materialize_grads(False)
+        B, H, T, d = v.shape
+        x = logits + bias if bias is not None else logits.clone()  # (B, H, T, T)
+        alpha = torch.softmax(x.masked_fill_(~allowed, torch.finfo(x.dtype).min), dim=-1)
+        del x
+        alpha.mul_(allowed.any(-1, keepdim=True))  # a row with no allowed key: all 0 (masked_softmax)
+        vv = torch.cat([v, v * v], dim=-1)  # (B, H, T, 2d)
+        mom = alpha @ vv  # (B, H, T, 2d)
+        m = mom[..., :d].contiguous()  # (B, H, T, d)
+        S = torch.relu_(mom[..., d:].addcmul_(m, m, value=-1.0))  # (B, H, T, d) view of mom, clamped at 0
+        a2 = (alpha * alpha).sum(-1)  # (B, H, T)
+        b = torch.rsub(alpha, 1.0).mul_(alpha).sum(-1)  # Σ α̃(1 − α̃), elementwise, exact to rounding (kish_b)
+        bi, ti = rows // T, rows % T  # (n,) batch and position of each valid row
+        S_r, a2_r, b_r = S[bi, :, ti], a2[bi, :, ti], b[bi, :, ti]  # (n, H, d), (n, H), (n, H)
+        dmask = None
+        if train and p > 0:
+            drop, dmask = torch.ops.aten.native_dropout(alpha, p, True)  # (B, H, T, T) float, bool
+            mv = drop @ v  # (B, H, T, d): dropout on α̃ as in the native layer
+            del drop
+        else:
+            mv = m
+        ctx.save_for_backward(alpha, v, m, S_r > 0, rows, dmask)
+        ctx.p, ctx.stats_grad, ctx.mv_is_m = p, stats_grad, dmask is None
+        if not stats_grad:  # bft.detach_precision_grad: the statistics carry no gradient
+            ctx.mark_non_differentiable(S_r, a2_r, b_r)
+        ctx.mark_non_differentiable(a2)
+        return mv, S_r, a2_r, b_r, a2
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_mv, g_S, g_a2, g_b, _g_a2_full):
+        alpha, v, m, pos, rows, dmask = ctx.saved_tensors
+        B, H, T, d = v.shape
+        bi, ti = rows // T, rows % T
+        if not ctx.stats_grad:
+            g_S = g_a2 = g_b = None
+        gm = gS = None  # gradients of m = α̃ @ v and of m2 = α̃ @ (v⊙v), (B, H, T, d) each
+        if g_S is not None:
+            gS = m.new_zeros(B, H, T, d)
+            gS[bi, :, ti] = g_S * pos  # the clamp at 0 passes no gradient where it binds
+            gm = gS * m * -2.0  # S = m2 − m²
+        if ctx.mv_is_m and g_mv is not None:
+            gm = g_mv if gm is None else gm.add_(g_mv)
+        scale = 1.0 / (1.0 - ctx.p) if dmask is not None else 1.0
+        g_alpha = None if gm is None else gm @ v.transpose(-2, -1)  # (B, H, T, T)
+        if gS is not None:  # + gS @ (v⊙v)ᵀ, in place, no [v, v⊙v] copy
+            g_alpha.view(B * H, T, T).baddbmm_(gS.view(B * H, T, d), (v * v).view(B * H, T, d).transpose(1, 2))
+        if dmask is not None and g_mv is not None:
+            gd = torch.ops.aten.native_dropout_backward(g_mv @ v.transpose(-2, -1), dmask, scale)  # (B, H, T, T)
+            g_alpha = gd if g_alpha is None else g_alpha.add_(gd)
+            del gd
+        if g_a2 is not None or g_b is not None:
+            ga2 = alpha.new_zeros(B, H, T)
+            gb = alpha.new_zeros(B, H, T)
+            if g_a2 is not None:
+                ga2[bi, :, ti] = g_a2
+            if g_b is not None:
+                gb[bi, :, ti] = g_b
+            k = (ga2 - gb).mul_(2.0)[..., None]  # 2(∂a2 − ∂b)
+            if g_alpha is None:
+                g_alpha = torch.addcmul(gb[..., None].expand_as(alpha), alpha, k)
+            else:
+                g_alpha.add_(gb[..., None]).addcmul_(alpha, k)  # + 2α̃∂a2 + (1 − 2α̃)∂b
+        g_logits = g_bias = g_v = None
+        if g_alpha is not None:
+            # softmax backward α̃ ⊙ (g − Σ α̃ g); α̃ = 0 on masked keys and on rows without keys: gradient 0 there
+            g_logits = torch._softmax_backward_data(g_alpha, alpha, -1, alpha.dtype)
+            del g_alpha
+            if ctx.needs_input_grad[1]:
+                g_bias = g_logits.sum((1, 2), keepdim=True)  # (B, 1, 1, T)
+            if not ctx.needs_input_grad[0]:
+                g_logits = None
+        if ctx.needs_input_grad[3]:
+            at = alpha.transpose(-2, -1)
+            if gm is not None:
+                g_v = at @ gm  # (B, H, T, d)
+            if gS is not None:
+                g_v.addcmul_(v, at @ gS, value=2.0)  # ∂(v⊙v)/∂v = 2v
+            if dmask is not None and g_mv is not None:
+                gdv = torch.ops.aten.native_dropout_backward(alpha, dmask, scale).transpose(-2, -1) @ g_mv
+                g_v = gdv if g_v is None else g_v.add_(gdv)
+        return g_logits, g_bias, None, g_v, None, None, None, None
+
+
+def kriging_attention(logits: torch.Tensor, bias: Optional[torch.Tensor], allowed: torch.Tensor, v: torch.Tensor,
+                      rows: torch.Tensor, p: float = 0.0, train: bool = False, stats_grad: bool = True):
+    """Kriging attention and its statistics as one lean autograd node (BFT.md §1; the layer's fast path).
+
+    Same values and gradients as the reference (``masked_softmax(logits + bias, allowed)``, then
+    ``nn.Dropout(p)(α̃) @ v`` for the value path, ``kriging_stats(α̃, v)`` and ``gather_head_rows``),
+    unit-tested to float rounding; with dropout the mask comes from ``aten.native_dropout``.
+
+    Args:
+        logits: (B, H, T, T) float32 scaled logits ``q kᵀ/√d``; bias: (B, 1, 1, T) float32 kriging bias
+            (``kriging_bias``) or None; allowed: (B, 1, T, T) bool (may attend ∧ key valid).
+        v: (B, H, T, d) float32 values; rows: (n,) int64 valid positions (``valid_rows``).
+        p, train: attention dropout probability and whether it is active (``nn.Dropout.training``).
+        stats_grad: False under ``bft.detach_precision_grad``: S, a2, b carry no gradient (the value
+            path and the bias still do, as in the reference).
+    Returns:
+        m_v (B, H, T, d) value-path mean ``drop(α̃) @ v`` (the undropped ``m`` without dropout);
+        S (n, H, d), a2 (n, H), b (n, H) on the valid rows; a2 (B, H, T) without gradient (for ``kish_n``).
+    """
+    return _KrigingAttention.apply(logits, bias, allowed, v, rows, float(p), bool(train), bool(stats_grad))
+
+
+def observe_from_stats(S_r: torch.Tensor, a2_r: torch.Tensor, b_r: torch.Tensor, ok_r: torch.Tensor,
+                       s0sq: torch.Tensor, w_out: torch.Tensor, prior_dof: float, lo: float = 1e-8,
+                       hi: float = 1e8, want_prior: bool = False, set_prior=None, count: bool = False):
+    """The rest of ``observe_precision`` from row statistics (``kriging_attention``): REML shrinkage,
+    heads concatenated, ``output_precision`` (BFT.md §1, §7).
+
+    Args:
+        S_r (n, H, d), a2_r, b_r (n, H): statistics of the valid rows; ok_r (n, 1|H) bool.
+        s0sq, w_out, prior_dof, lo, hi, want_prior, set_prior, count: as ``observe_precision``.
+    Returns:
+        λ^obs (n, D) rows, prior sums ``(total (H, d), count (H,))`` or None.
+    """
+    H, d = S_r.shape[1], S_r.shape[2]
+    prior = None
+    if want_prior or set_prior is not None:
+        with torch.no_grad():
+            prior = prior_statistic(S_r.detach(), a2_r.detach(), b_r.detach(), ok_r)
+    if set_prior is not None:
+        s0sq = set_prior(*prior)
+    var_m = reml_shrinkage(S_r, a2_r, b_r, s0sq, prior_dof, ok_r).reshape(-1, H * d)  # (n, H, d) -> (n, D)
+    one_obs = s0sq.reshape(H * d) if count else None  # (H, d) -> (D,)
+    return output_precision(var_m, w_out, lo, hi, ok_r.any(1), one_obs), prior
+
+
 def kish_n(a2: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
     """(B, H, T) ``Σ α̃²`` and ok (B, 1|H, T) bool -> (B, T) Kish ``n = 1/Σα̃²`` averaged over heads, 0 where not ok
     (the ``n_eff`` mechanism statistic, BFT.md §6)."""
@@ -613,9 +757,12 @@ def _gelu_second(z: torch.Tensor, approximate: str) -> torch.Tensor:
 class _PrenormJacobian(torch.autograd.Function):
     """``prenorm_ffn_jacobian_diag`` with a hand-written backward, over valid tokens only, in chunks.
 
-    Same value and gradients as the autograd reference (unit-tested with ``gradcheck``); it saves only
-    its inputs (``x``, ``z``: already kept by the FFN), ``J`` and one (n, D) product, and bounds the
-    transient (…, F) tensors by ``chunk`` tokens, in forward and in backward.
+    Same value and gradients as the autograd reference (unit-tested with ``gradcheck``). It recomputes
+    the pre-activation ``z = W₁ LN(x) + b₁`` on its rows (one (n, D) @ (D, F) matmul) rather than
+    reading the FFN's ``z``, so its backward never forms a (B, T, F) gradient (a zero buffer, a scatter
+    and a full add into the FFN's gradient): the gradient of ``z`` goes through ``W₁`` and the
+    LayerNorm by hand, to ``x`` (B·T, D) and the weights. It saves only ``x`` (kept by the block
+    anyway), ``J`` and one (n, D) product, and bounds the transient (…, F) tensors by ``chunk`` tokens.
     """
 
     @staticmethod
@@ -636,8 +783,8 @@ class _PrenormJacobian(torch.autograd.Function):
         return xc * s, s
 
     @staticmethod
-    def forward(ctx, x, z, ln_w, ln_b, w1, b1, w2, eps: float, approximate: str, rows, chunk: int):
-        """x (N, D), z (N, F) float; rows (n,) int64 token indices -> J (n, D) for those tokens."""
+    def forward(ctx, x, ln_w, ln_b, w1, b1, w2, eps: float, approximate: str, rows, chunk: int):
+        """x (N, D) float; rows (n,) int64 token indices -> J (n, D) for those tokens."""
         N, D = x.shape
         _, w2t, _, m_diag, c = _PrenormJacobian._weights(ln_w, ln_b, w1, b1, w2)
         J = x.new_empty(len(rows), D)
@@ -645,81 +792,90 @@ class _PrenormJacobian(torch.autograd.Function):
         for i in range(0, len(rows), chunk):
             idx = rows[i:i + chunk]
             xh, s = _PrenormJacobian._norm(x[idx], eps)  # (c, D), (c, 1) for a chunk of c rows
-            zc = z[idx]  # (c, F)
-            phi = _gelu_prime_nograd(zc, approximate)  # (c, F)
-            r = (zc - c).mul_(phi) @ w2t  # (c, D)
+            g = xh @ (w1 * ln_w).t()  # (c, F) = W₁'x̂ = z − c
+            phi = _gelu_prime_nograd(g + c, approximate)  # (c, F) = φ'(z)
+            r = g.mul_(phi) @ w2t  # (c, D)
             R[i:i + chunk] = r
             J[i:i + chunk] = torch.addcmul(phi @ m_diag, xh, r, value=-1.0 / D).mul_(s)
-        ctx.save_for_backward(x, z, ln_w, ln_b, w1, b1, w2, rows, J, R)
+        ctx.save_for_backward(x, ln_w, ln_b, w1, b1, w2, rows, J, R)
         ctx.eps, ctx.approximate, ctx.chunk = eps, approximate, chunk
         return J
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gJ):
-        x, z, ln_w, ln_b, w1, b1, w2, rows, J, R = ctx.saved_tensors
+        x, ln_w, ln_b, w1, b1, w2, rows, J, R = ctx.saved_tensors
         eps, approx, chunk = ctx.eps, ctx.approximate, ctx.chunk
         N, D = x.shape
         w1p, w2t, r1, m_diag, c = _PrenormJacobian._weights(ln_w, ln_b, w1, b1, w2)
-        gx = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
-        gz = torch.zeros_like(z) if ctx.needs_input_grad[1] else None
+        gx = x.new_zeros(N, D) if ctx.needs_input_grad[0] else None
         g_m = torch.zeros_like(m_diag)  # (F, D) grad of M
         g_w2t = torch.zeros_like(w2t)  # (F, D) grad of W₂ᵀ through R
-        g_c = torch.zeros_like(c)  # (F,)
+        g_c = torch.zeros_like(c)  # (F,) grad of c through g = z − c
+        g_w1z = torch.zeros_like(w1)  # (F, D) grad of W₁ through z = W₁ y + b₁
+        g_b1z = torch.zeros_like(b1)  # (F,)
+        g_lnw = torch.zeros_like(ln_w)  # (D,) through y = γ x̂ + β
+        g_lnb = torch.zeros_like(ln_b)  # (D,)
         for i in range(0, len(rows), chunk):
             idx = rows[i:i + chunk]
             xh, s = _PrenormJacobian._norm(x[idx], eps)  # (c, D), (c, 1) for a chunk of c rows
-            zc = z[idx]  # (c, F)
+            g = xh @ w1p.t()  # (c, F) = W₁'x̂
+            zc = g + c  # (c, F) = z
             phi = _gelu_prime_nograd(zc, approx)  # (c, F)
-            g = zc - c  # (c, F) = W₁'x̂
             r = R[i:i + chunk]  # (c, D)
             gj = gJ[i:i + chunk]  # (c, D)
             A = gj * s  # (c, D): grad of P = φ' @ M
             gR = A * xh * (-1.0 / D)  # (c, D): grad of R
-            rw = gR @ w2t.t()  # (c, F) = gR @ W₂
+            rw = gR @ w2  # (c, F) = gR @ W₂
             g_m += phi.t() @ A
             g_w2t += (phi * g).t() @ gR
             g_g = rw * phi  # (c, F): grad of g
             g_c -= g_g.sum(0)
-            if gz is not None:
-                g_phi = torch.addcmul(A @ m_diag.t(), rw, g)  # (c, F)
-                gz[idx] = g_phi.mul_(_gelu_second(zc, approx)).add_(g_g)
+            g_z = torch.addcmul(A @ m_diag.t(), rw, g).mul_(_gelu_second(zc, approx)).add_(g_g)  # (c, F)
+            g_y = g_z @ w1  # (c, D): through z = W₁ y + b₁, y = γ x̂ + β
+            y = torch.addcmul(ln_b, xh, ln_w)  # (c, D)
+            g_w1z += g_z.t() @ y
+            g_b1z += g_z.sum(0)
+            g_lnw += (g_y * xh).sum(0)
+            g_lnb += g_y.sum(0)
             if gx is not None:
-                g_xh = A * r * (-1.0 / D)  # (c, D)
+                g_xh = torch.addcmul(g_y * ln_w, A, r, value=-1.0 / D)  # (c, D): every path through x̂
                 g_s = (gj * J[i:i + chunk]).sum(-1, keepdim=True) / s  # (c, 1)
                 gxh = g_xh - g_xh.mean(-1, keepdim=True) - xh * (g_xh * xh).mean(-1, keepdim=True)
                 gx[idx] = gxh * s - g_s * s * s * xh / D
         # through M = W₂ᵀ ⊙ W₁' − r1 W₂ᵀ/D, r1 = W₁'𝟙, W₁' = W₁ diag(γ), c = b₁ + W₁β
         g_w2t += g_m * w1p - r1[:, None] * g_m / D
         g_w1p = g_m * w2t - ((g_m * w2t).sum(1, keepdim=True) / D)  # (F, D), incl. the r1 path
-        g_w1 = g_w1p * ln_w + g_c[:, None] * ln_b
-        g_lnw = (g_w1p * w1).sum(0)
-        g_lnb = w1.t() @ g_c
-        return gx, gz, g_lnw, g_lnb, g_w1, g_c, g_w2t.t(), None, None, None, None
+        g_w1 = g_w1p * ln_w + g_c[:, None] * ln_b + g_w1z
+        g_lnw += (g_w1p * w1).sum(0)
+        g_lnb += w1.t() @ g_c
+        return gx, g_lnw, g_lnb, g_w1, g_c + g_b1z, g_w2t.t(), None, None, None, None
 
 
 def prenorm_ffn_jacobian_diag_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ln_eps: float,
                                     w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, approximate: str,
-                                    z: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                                    z: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
                                     chunk: int = 4096) -> torch.Tensor:
     """``prenorm_ffn_jacobian_diag`` (BFT.md §3, exact) as one autograd node with a hand-written backward.
 
     Computes ``J`` only on the tokens ``rows`` (padding needs none: it has no precision), ``chunk``
-    tokens at a time, so no (B, T, F) temporary beyond the FFN's own ``z`` is ever alive.
+    tokens at a time, so no (B, T, F) tensor is ever formed, in forward or backward: the
+    pre-activation is recomputed on the rows (``_PrenormJacobian``).
 
     Args:
-        x: (B, T, D) LayerNorm input ``h'``; z: (B, T, F) FFN pre-activation ``W₁ LN(x) + b₁`` (same dtype).
+        x: (B, T, D) LayerNorm input ``h'``.
         ln_weight, ln_bias: (D,); w1: (F, D); b1: (F,); w2: (D, F).
+        z: unused (the pre-activation is recomputed on the rows); accepted so that older callers work.
         rows: (n,) int64 flat token indices ``b·T + t`` to compute (e.g. ``valid.reshape(-1).nonzero()``),
             or None for all tokens.
     Returns:
         (n, D) J rows (``n = B·T`` when ``rows`` is None), in the dtype of ``x``.
     """
     B, T, D = x.shape
-    xf, zf = x.reshape(B * T, D), z.reshape(B * T, -1)  # (B, T, ·) -> (B·T, ·)
+    xf = x.reshape(B * T, D)  # (B, T, D) -> (B·T, D)
     if rows is None:
         rows = torch.arange(B * T, device=x.device)
-    return _PrenormJacobian.apply(xf, zf, ln_weight, ln_bias, w1, b1, w2, ln_eps, approximate, rows, chunk)
+    return _PrenormJacobian.apply(xf, ln_weight, ln_bias, w1, b1, w2, ln_eps, approximate, rows, chunk)
 
 
 def predict_precision(lam1: torch.Tensor, J: torch.Tensor | None, Q: torch.Tensor, lo: float = 1e-8,

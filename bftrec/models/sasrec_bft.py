@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bftrec.layers import Masks
@@ -104,12 +103,8 @@ class BFTSASRecBlock(BFTBlockMixin, SASRecBlock):
                 prm = [ln.weight, ln.bias, f1.weight, f1.bias, f2.weight]
                 prm = [p.detach().float() if detach else p.float() for p in prm]
                 x32 = h1.detach().float() if detach else h1.float()
-                if z.dtype == torch.float32:
-                    z32 = z.detach() if detach else z
-                else:  # AMP: the Jacobian needs the pre-activation in float32
-                    z32 = F.linear(F.layer_norm(x32, (D,), prm[0], prm[1], ln.eps), prm[2], prm[3])  # (B, T, F)
                 J = prenorm_ffn_jacobian_diag_fused(x32, prm[0], prm[1], ln.eps, prm[2], prm[3], prm[4],
-                                                    self.ffn.act.approximate, z32, rows=rows)  # (n, D)
+                                                    self.ffn.act.approximate, rows=rows)  # (n, D), z recomputed
                 lam2 = predict_precision(lam1, J, self.process_noise(), lo, hi)  # (n, D)
             record(run.probe, "lam2", lam2)
         if run.want_stats:
