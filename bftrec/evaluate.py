@@ -23,8 +23,16 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bftrec.config import ConfigError, load_run_config
-from bftrec.train import build, evaluate_test, one_line_errors, protocol_block, typed_groups, write_outputs
+from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
+from bftrec.train import (
+    build,
+    evaluate_test,
+    fresh_dir,
+    one_line_errors,
+    protocol_block,
+    typed_groups,
+    write_outputs,
+)
 from bftrec.trainer import (
     first_batch,
     load_checkpoint,
@@ -57,15 +65,24 @@ def quiet_init():
 def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) -> dict:
     """Re-score ``run_dir`` with ``overrides``; returns the metrics dict (also written to disk).
 
+    ``out_dir`` (default a new ``<run_dir>/eval_<time>``, ``_2``, ... when one of that second exists) must
+    not hold a run or an earlier re-score: its files are never overwritten.
+
     Raises:
         FileNotFoundError: no config.yaml / checkpoint.pt in ``run_dir``.
-        ConfigError: an unknown override key; a torn, empty or foreign checkpoint.pt (one line each).
+        ConfigError: an unknown override key; a torn, empty or foreign checkpoint.pt; an ``out_dir`` that
+            already holds metrics.json or checkpoint.pt (one line each).
     """
     started = time.time()
     run_dir = Path(run_dir)
     for name in ("config.yaml", "checkpoint.pt"):
         if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir / name} not found; pass a run directory written by bftrec-train")
+    if out_dir is not None:
+        taken = [n for n in ("metrics.json", "checkpoint.pt") if (Path(out_dir) / n).exists()]
+        if taken:
+            raise ConfigError(f"--out {out_dir} already holds {taken[0]} (a run or an earlier re-score), which "
+                              "bftrec-eval never overwrites; choose a new folder (or omit --out)")
     cfg = load_run_config(run_dir)  # a run written before bft.units existed loads as units=h (BFT v1)
     OmegaConf.set_struct(cfg, True)
     for item in overrides:
@@ -73,6 +90,8 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
         if not (key.startswith("eval.") or key in RESCORE_KEYS):
             raise ConfigError(f"bftrec-eval cannot override {key!r}: the checkpoint was trained on that setting; "
                               f"allowed: eval.*, {', '.join(RESCORE_KEYS)} (retrain with bftrec-train instead)")
+        if key.startswith("eval.") and key.split(".")[1] not in EvalConfig.__dataclass_fields__:
+            raise unknown_key(f"eval.{key.split('.')[1]}", EvalConfig.__dataclass_fields__)
     try:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except Exception as e:  # omegaconf raises several types for unknown keys
@@ -89,7 +108,9 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "rescored_from": str(run_dir), "overrides": overrides, "best_epoch": ck.get("epoch"),
                "data": data.stats, **metrics}
-    out_dir = Path(out_dir) if out_dir else run_dir / f"eval_{datetime.now():%Y%m%d-%H%M%S}"
+    if out_dir is None:  # created exclusively: two re-scores started in one second get eval_<time>_2
+        out_dir = fresh_dir(run_dir / f"eval_{datetime.now():%Y%m%d-%H%M%S}")
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
     write_outputs(out_dir, metrics, device, started)
@@ -118,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("run_dir", type=Path, help="a run directory written by bftrec-train")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n_bins=10")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default <run_dir>/eval_<time>)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # --out before or after the overrides
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     with one_line_errors("bftrec-eval"):
         rescore(args.run_dir, args.overrides, args.out)

@@ -212,3 +212,52 @@ def test_eval_does_not_log_the_untrained_lambda0(tmp_path, caplog):
     assert "mean lambda0" not in messages(caplog)
     assert json.loads((tmp_path / "re" / "metrics.json").read_text())["test"] == m["test"]
     assert (tmp_path / "re" / "summary.md").exists()
+
+
+# --- bftrec-eval never writes over a run or an earlier re-score --------------------------------
+
+@pytest.mark.parametrize("target", ["run", "earlier_eval"])
+def test_rescore_refuses_an_out_folder_that_holds_results(tmp_path, finished_run, target):
+    shutil.copytree(finished_run, tmp_path / "run")
+    out = tmp_path / "run"
+    if target == "earlier_eval":
+        out = tmp_path / "run" / "eval_old"
+        out.mkdir()
+        (out / "metrics.json").write_text("{}")
+    before = (out / "metrics.json").read_bytes()
+    with pytest.raises(ConfigError, match=f"--out {out} already holds metrics.json.*choose a new folder") as e:
+        rescore(tmp_path / "run", ["eval.repeat_target=mask"], out)
+    assert "\n" not in str(e.value)
+    assert (out / "metrics.json").read_bytes() == before
+
+
+def test_rescores_started_in_one_second_get_their_own_folders(tmp_path, finished_run, monkeypatch):
+    from datetime import datetime
+
+    import bftrec.evaluate as ev_mod
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 1, 1, 12, 0, 0)
+
+    shutil.copytree(finished_run, tmp_path / "run")
+    monkeypatch.setattr(ev_mod, "datetime", Frozen)
+    rescore(tmp_path / "run", ["eval.n_bins=2"])
+    rescore(tmp_path / "run", ["eval.n_bins=3"])
+    bins = {p.parent.name: len(json.loads(p.read_text())["test"]["by_item_freq"])
+            for p in (tmp_path / "run").glob("eval_*/metrics.json")}
+    assert bins == {"eval_20260101-120000": 2, "eval_20260101-120000_2": 3}
+
+
+def test_rescore_unknown_eval_key_names_the_closest(tmp_path, finished_run):
+    with pytest.raises(ConfigError, match=r"unknown key 'eval.n_binz'; did you mean eval.n_bins\?"):
+        rescore(finished_run, ["eval.n_binz=3"], tmp_path / "re")
+    assert not (tmp_path / "re").exists()
+
+
+def test_eval_cli_takes_out_before_the_overrides(tmp_path, finished_run):
+    from bftrec.evaluate import main
+
+    main([str(finished_run), "--out", str(tmp_path / "re"), "eval.n_bins=2"])
+    assert json.loads((tmp_path / "re" / "metrics.json").read_text())["overrides"] == ["eval.n_bins=2"]
