@@ -110,8 +110,9 @@ def test_ranks_take_disjoint_slices_of_the_windows():
 
 @pytest.mark.parametrize("over, message", [
     ({"train_windows": "all"}, "trainer.train_windows='all'"),
-    ({"train_window_stride": 0}, "train_window_stride=0"),
+    ({"train_windows": "sliding", "train_window_stride": 0}, "train_window_stride=0"),
     ({"train_windows": "sliding", "train_window_stride": 13}, "train_window_stride=13"),
+    ({"train_windows": "last", "train_window_stride": 5}, "train_window_stride=5 has no effect"),
 ])
 def test_bad_window_settings_fail_in_one_line(over, message):
     with pytest.raises(ConfigError, match=message) as e:

@@ -129,8 +129,12 @@ def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
 
 
 def check_train_windows(mode: str, stride: int | None, max_len: int | None) -> None:
-    """One-line ConfigError for an unknown window ``mode`` or a stride outside 1..max_len (None: >= 1)."""
+    """One-line ConfigError for an unknown window ``mode``, a stride outside 1..max_len (None: >= 1), or a
+    stride given with ``mode=last``, where it would be silently ignored."""
     check_choice(mode, TRAIN_WINDOW_MODES, "trainer.train_windows")
+    if stride is not None and mode == "last":
+        raise ConfigError(f"trainer.train_window_stride={stride} has no effect with trainer.train_windows=last; "
+                          "set trainer.train_windows=sliding, or drop the stride")
     if stride is not None and not 1 <= stride <= (max_len if max_len is not None else stride):
         raise ConfigError(f"trainer.train_window_stride={stride} must be in 1..model.max_len={max_len} "
                          "(null = max_len: every target once per epoch)")
