@@ -313,19 +313,12 @@ def observe_precision(alpha: torch.Tensor, v: torch.Tensor, s0sq: torch.Tensor, 
         m (B, H, T, d) undropped kriging mean, λ^obs (n, D) rows (in counts under ``count``), a2 (B, H, T)
         (``Σ α̃²``, Kish ``n = 1/a2``), prior sums ``(total (H, d), count (H,))`` or None.
     """
-    B, H, T, d = v.shape
     m, S, a2, b = kriging_stats(alpha, v)  # (B, H, T, d) x2, (B, H, T) x2
     S_r, a2_r, b_r = gather_head_rows(S, rows), gather_head_rows(a2, rows), gather_head_rows(b, rows)  # (n, H, ·)
     ok_r = gather_head_rows(ok, rows)  # (n, 1|H)
-    prior = None
-    if want_prior or set_prior is not None:
-        with torch.no_grad():
-            prior = prior_statistic(S_r.detach(), a2_r.detach(), b_r.detach(), ok_r)
-    if set_prior is not None:
-        s0sq = set_prior(*prior)
-    var_m = reml_shrinkage(S_r, a2_r, b_r, s0sq, prior_dof, ok_r).reshape(-1, H * d)  # (n, H, d) -> (n, D)
-    one_obs = s0sq.reshape(H * d) if count else None  # (H, d) -> (D,): Var(m) of one value at the prior scale
-    return m, output_precision(var_m, w_out, lo, hi, ok_r.any(1), one_obs), a2, prior
+    lam_obs, prior = observe_from_stats(S_r, a2_r, b_r, ok_r, s0sq, w_out, prior_dof, lo, hi, want_prior,
+                                        set_prior, count)
+    return m, lam_obs, a2, prior
 
 
 class _KrigingAttention(torch.autograd.Function):
@@ -468,7 +461,7 @@ def observe_from_stats(S_r: torch.Tensor, a2_r: torch.Tensor, b_r: torch.Tensor,
     if set_prior is not None:
         s0sq = set_prior(*prior)
     var_m = reml_shrinkage(S_r, a2_r, b_r, s0sq, prior_dof, ok_r).reshape(-1, H * d)  # (n, H, d) -> (n, D)
-    one_obs = s0sq.reshape(H * d) if count else None  # (H, d) -> (D,)
+    one_obs = s0sq.reshape(H * d) if count else None  # (H, d) -> (D,): Var(m) of one value at the prior scale
     return output_precision(var_m, w_out, lo, hi, ok_r.any(1), one_obs), prior
 
 
