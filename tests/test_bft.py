@@ -371,8 +371,7 @@ def test_fused_jacobian_matches_reference_values_and_gradients(approximate):
         return F.linear(F.layer_norm(x, (D,), g, b, 1e-5), w1, b1)
 
     def fused(x, g, b, w1, b1, w2):
-        return prenorm_ffn_jacobian_diag_fused(x, g, b, 1e-5, w1, b1, w2, approximate, z_of(x, g, b, w1, b1),
-                                               rows=valid_rows(valid), chunk=2)
+        return prenorm_ffn_jacobian_diag_fused(x, g, b, 1e-5, w1, b1, w2, approximate, rows=valid_rows(valid), chunk=2)
 
     def reference(x, g, b, w1, b1, w2):
         J = prenorm_ffn_jacobian_diag(x, g, b, 1e-5, w1, b1, w2, approximate, z=z_of(x, g, b, w1, b1))

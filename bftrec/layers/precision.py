@@ -847,8 +847,7 @@ class _PrenormJacobian(torch.autograd.Function):
 
 def prenorm_ffn_jacobian_diag_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ln_eps: float,
                                     w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, approximate: str,
-                                    z: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
-                                    chunk: int = 4096) -> torch.Tensor:
+                                    rows: Optional[torch.Tensor] = None, chunk: int = 4096) -> torch.Tensor:
     """``prenorm_ffn_jacobian_diag`` (BFT.md §3, exact) as one autograd node with a hand-written backward.
 
     Computes ``J`` only on the tokens ``rows`` (padding needs none: it has no precision), ``chunk``
@@ -858,7 +857,6 @@ def prenorm_ffn_jacobian_diag_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln
     Args:
         x: (B, T, D) LayerNorm input ``h'``.
         ln_weight, ln_bias: (D,); w1: (F, D); b1: (F,); w2: (D, F).
-        z: unused (the pre-activation is recomputed on the rows); accepted so that older callers work.
         rows: (n,) int64 flat token indices ``b·T + t`` to compute (e.g. ``valid.reshape(-1).nonzero()``),
             or None for all tokens.
     Returns:
