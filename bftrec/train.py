@@ -7,6 +7,7 @@ best checkpoint and writes ``metrics.json``, ``ranks.csv.gz``, ``history.csv``, 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -278,18 +279,42 @@ def _stamp() -> str:
     return datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+_RESERVED: list[list[Path]] = []  # per fresh_dir call: the directories it created, deepest first
+
+
 def fresh_dir(base: Path) -> Path:
     """Create ``base`` exclusively, or ``base_2``, ``base_3``, ... if another run took it (two runs
-    started in the same second); returns the directory made. Never reuses an existing directory."""
+    started in the same second); returns the directory made. Never reuses an existing directory.
+
+    The directory is reserved when ``hydra.run.dir`` is resolved, and OmegaConf also resolves it
+    while merging a config that overrides it (a grid's ``hydra.run.dir``, a composed experiment), so
+    a reservation no run used would stay behind as empty folders: they are removed at exit if still
+    empty (``_release_unused``; never a folder holding any file).
+    """
+    created = [p for p in [base.parent, *base.parent.parents] if not p.exists()]
     base.parent.mkdir(parents=True, exist_ok=True)
     for i in range(1, 10_000):
         path = base if i == 1 else base.with_name(f"{base.name}_{i}")
         try:
             path.mkdir()
+            _RESERVED.append([path, *created])
             return path
         except FileExistsError:
             continue
     raise ConfigError(f"{base}: 10,000 run directories of that name exist; choose another out_root")
+
+
+@atexit.register
+def _release_unused() -> None:
+    """Remove the run directories this process reserved but no run wrote to, and the parents it
+    created for them, while they are empty (``os.rmdir`` refuses a non-empty folder)."""
+    for dirs in reversed(_RESERVED):  # the latest first: it may sit inside folders an earlier one created
+        for d in dirs:
+            try:
+                d.rmdir()
+            except OSError:
+                break  # not empty (a run's files, or another reservation): keep it and its parents
+    _RESERVED.clear()
 
 
 def _run_dir_resolver(out_root, dataset, model, layer, seed, resume) -> str:

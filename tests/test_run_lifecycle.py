@@ -106,6 +106,26 @@ def test_default_run_dirs_of_one_second_differ(tmp_path, monkeypatch):
     assert a["test"] == b["test"] and len(list((tmp_path / "runs2").rglob("metrics.json"))) == 2
 
 
+def test_composing_a_grid_leaves_no_empty_run_folders(tmp_path):
+    """OmegaConf resolves the default hydra.run.dir (which reserves a folder) while merging a grid
+    config that overrides it; the unused reservation and the parents made for it go at exit, a
+    folder holding a file stays."""
+    import subprocess
+    import sys
+
+    code = (f"from bftrec import train as t\n"
+            f"from hydra import compose, initialize_config_dir\n"
+            f"with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base='1.3'):\n"
+            f"    compose('train', overrides=['experiment=paper/cpu', 'dataset=office'])\n"
+            f"    compose('train', overrides=['experiment=paper/cpu', 'dataset=lastfm'])\n"
+            f"kept = t.fresh_dir(t.Path('own') / 'seed0_x')\n"
+            f"(kept / 'train.log').write_text('a run wrote here')\n"
+            f"assert t.Path('results').is_dir()  # reserved (under the default out_root) while the process lives\n")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
+    assert not (tmp_path / "results").exists()
+    assert (tmp_path / "own" / "seed0_x" / "train.log").exists()
+
+
 def test_a_directory_held_by_a_live_run_is_refused(tmp_path):
     with cell_lock(tmp_path / "run"):
         with pytest.raises(ConfigError, match="being written by another live run"):

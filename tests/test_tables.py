@@ -62,6 +62,7 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     assert "protocol: leave-one-out" in overall and "commit(s):" in overall
     assert "HR@10 gain bft (p, p_Holm, 95% CI)" in overall and "p_Holm: Holm step-down" in overall
     assert "B=1000 resamples" in overall
+    assert "- budget per pair (from the runs' configs): synthetic/sasrec: L 12, ≤ 1 epochs, patience" in overall
     strata = (runs / "tables" / "strata.md").read_text()
     for name in ("Q0", "Q4", "cold", "warm"):
         assert name in strata

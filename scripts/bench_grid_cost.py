@@ -1,0 +1,228 @@
+"""A paper grid's cost, projected from timed epochs before it runs; writes JSON and the slice list.
+
+    BFTREC_DATA_ROOT=../shared/data python scripts/bench_grid_cost.py --grid main \\
+        --add "dataset=sports layer=bft_h" --out results/bench/grid_main_cpu.json \\
+        --slices-md results/paper_main/slices.md
+
+1. **Timing.** Seed 0 of every (dataset, backbone, layer) of the grid, plus the ``--add`` cells, runs
+   through the real grid command (``bftrec-train -m experiment=paper/<grid>``, Hydra multirun with the
+   joblib launcher) at its tuned config for ``--epochs`` epochs, ``--n-jobs`` runs side by side with
+   ``--threads`` threads each (the way the grid runs on this machine), into a temporary folder.
+   s/epoch = mean over the timed epochs of training + validation seconds (``history.csv``); the rest
+   of each run's wall time (data, model, test scoring: ``ledger.jsonl``) is its fixed overhead.
+2. **Epochs expected.** Nothing is known about a pair before it runs, so the projection uses a stated
+   proxy: the median best epoch of the same backbone and layer over the finished CPU grid
+   (``--reference``, default ``results/paper_cpu/runs``), plus the pair's patience, capped at its epoch
+   cap. The worst case (every cell runs to its cap) is reported beside it.
+3. **Slices.** Cells are ordered breadth first (seed 0 of every cell; then seeds 1 and 2 of
+   ``--first`` datasets; then the rest), grouped by (dataset, seed) and packed into slices of at most
+   ``--slice-hours`` of wall time at ``--n-jobs`` runs side by side. Each slice is one command line of
+   overrides. A cell longer than the limit is a slice of its own, marked: it resumes from ``last.pt``
+   across working periods.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from bftrec.grid import sweep_axes
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINER_DEFAULTS = REPO / "configs" / "trainer" / "default.yaml"
+
+
+def tuned_budget(dataset: str, model: str) -> dict:
+    """Epoch cap and patience of a pair: configs/tuned/<dataset>_<model>.yaml over the trainer defaults."""
+    base = yaml.safe_load(TRAINER_DEFAULTS.read_text()) or {}
+    tuned = yaml.safe_load((REPO / "configs" / "tuned" / f"{dataset}_{model}.yaml").read_text()) or {}
+    t = {**base, **(tuned.get("trainer") or {})}
+    m = tuned.get("model") or {}
+    return {"epochs_cap": int(t["epochs"]), "patience": int(t["patience"]), "max_len": m.get("max_len"),
+            "loss": m.get("loss")}
+
+
+def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, threads: int) -> pd.DataFrame:
+    """Run the cells ``overrides`` select for ``epochs`` epochs; one row per run with its timings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "bftrec.train", f"--config-dir={REPO / 'configs'}", "-m",
+               f"experiment=paper/{grid}", *overrides, f"trainer.epochs={epochs}",
+               f"trainer.patience={epochs}", "trainer.device=cpu", f"trainer.num_threads={threads}",
+               f"hydra.launcher.n_jobs={n_jobs}", f"out_root={tmp}"]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        wall = time.perf_counter() - t0
+        if out.returncode != 0:
+            raise SystemExit(f"bench_grid_cost: the timed runs failed (exit {out.returncode}): "
+                             f"{out.stderr.strip()[-800:]}")
+        runs = Path(tmp) / "runs"
+        ledger = {r["cell"]: r for r in map(json.loads, (runs / "ledger.jsonl").read_text().splitlines())}
+        rows = []
+        for cell, rec in ledger.items():
+            h = pd.read_csv(runs / cell / "history.csv")
+            per_epoch = h["train_seconds"] + h["eval_seconds"].fillna(0)  # (epochs,) s
+            dataset, model, layer, _ = cell.split("/")
+            rows.append({"dataset": dataset, "model": model, "layer": layer,
+                         "s_per_epoch": round(float(per_epoch.mean()), 2),
+                         "s_epochs": [round(float(x), 2) for x in per_epoch],
+                         "overhead_s": round(float(rec["wall_s"] - per_epoch.sum()), 2)})
+    df = pd.DataFrame(rows)
+    df.attrs["wall_s"] = round(wall, 1)
+    return df
+
+
+def reference_best_epochs(runs: Path) -> dict:
+    """{(model, layer): median best epoch} over the finished cells under ``runs``."""
+    rows = []
+    for m in runs.rglob("metrics.json"):
+        d = json.loads(m.read_text())
+        if "best_epoch" in d:
+            rows.append({"model": d["model"], "layer": d["layer"], "best_epoch": d["best_epoch"]})
+    if not rows:
+        raise SystemExit(f"bench_grid_cost: no finished cells under {runs}; pass --reference <runs folder>")
+    return pd.DataFrame(rows).groupby(["model", "layer"])["best_epoch"].median().to_dict()
+
+
+def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
+    """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case."""
+    rows = []
+    for r in timed.to_dict("records"):
+        b = tuned_budget(r["dataset"], r["model"])
+        proxy = best.get((r["model"], r["layer"]), best.get((r["model"], "bft")))
+        expected = min(b["epochs_cap"], int(round(proxy)) + b["patience"])
+        for s in seeds:
+            rows.append({**r, "seed": s, **b, "proxy_best_epoch": proxy, "epochs_expected": expected,
+                         "expected_s": round(expected * r["s_per_epoch"] + r["overhead_s"], 1),
+                         "cap_s": round(b["epochs_cap"] * r["s_per_epoch"] + r["overhead_s"], 1)})
+    return pd.DataFrame(rows)
+
+
+def slices(cells: pd.DataFrame, datasets: list[str], models: list[str], first: list[str],
+           n_jobs: int, limit_s: float) -> list[dict]:
+    """Breadth-first slices of at most ``limit_s`` wall seconds each (see the module docstring)."""
+    def wall(g: pd.DataFrame) -> float:
+        return max(g["expected_s"].sum() / n_jobs, g["expected_s"].max())
+
+    # breadth first: seed 0 everywhere, then seeds 1-2 of the first datasets, then the rest
+    order = [(d, 0) for d in datasets] + [(d, s) for d in first for s in (1, 2)] + \
+            [(d, s) for d in datasets if d not in first for s in (1, 2)]
+    out = []
+    for d, s in order:
+        g = cells[(cells["dataset"] == d) & (cells["seed"] == s)]
+        if g.empty:
+            continue
+        pack: list[str] = []
+        for m in models:
+            gm = g[g["model"] == m]
+            if gm.empty:
+                continue
+            if pack and wall(g[g["model"].isin(pack + [m])]) > limit_s:
+                out.append(_slice(g[g["model"].isin(pack)], d, s, pack, None, n_jobs, limit_s))
+                pack = []
+            if wall(gm) > limit_s:  # one backbone's layers alone exceed the limit: one slice per layer
+                out += [_slice(gm[gm["layer"] == lay], d, s, [m], lay, n_jobs, limit_s)
+                        for lay in gm["layer"].unique()]
+            else:
+                pack.append(m)
+        if pack:
+            out.append(_slice(g[g["model"].isin(pack)], d, s, pack, None, n_jobs, limit_s))
+    return out
+
+
+def _slice(g: pd.DataFrame, d: str, s: int, models: list[str], layer, n_jobs: int, limit_s: float) -> dict:
+    wall = max(g["expected_s"].sum() / n_jobs, g["expected_s"].max())
+    over = [f"dataset={d}", f"model={','.join(models)}", f"seed={s}"]
+    if layer is not None:
+        over.append(f"layer={layer}")
+    else:
+        over.append(f"layer={','.join(sorted(g['layer'].unique(), key=['standard', 'bft', 'bft_h'].index))}")
+    return {"overrides": over, "cells": int(len(g)), "expected_wall_h": round(wall / 3600, 2),
+            "over_limit": bool(wall > limit_s)}
+
+
+def slices_md(result: dict) -> str:
+    """The slice list as a markdown table (results/paper_main/slices.md)."""
+    lines = [f"# Slices of the `{result['grid']}` grid on this machine ({result['device']})", "",
+             f"Generated by `{result['command']}` on {result['date']}; cost model in "
+             f"`{result['out']}`. Each slice: `bftrec-train -m experiment=paper/{result['grid']} "
+             f"{' '.join(result['cpu_overrides'])} <overrides>`. Expected wall time at "
+             f"{result['n_jobs']} runs side by side, {result['threads']} thread each; a slice marked "
+             "over the limit holds a cell that alone takes longer and resumes from `last.pt` across "
+             "working periods.", "",
+             "| # | overrides | cells | expected wall (h) | over the limit |", "|---:|---|---:|---:|---|"]
+    for i, s in enumerate(result["slices"], 1):
+        lines.append(f"| {i} | `{' '.join(s['overrides'])}` | {s['cells']} | {s['expected_wall_h']:.2f} | "
+                     f"{'yes' if s['over_limit'] else ''} |")
+    t = result["totals"]
+    lines += ["", f"Total: {t['cells']} cells, {t['expected_core_h']:.1f} core-hours expected "
+                  f"({t['expected_wall_h']:.1f} h of wall time at {result['n_jobs']} jobs); worst case "
+                  f"(every cell to its epoch cap) {t['cap_core_h']:.1f} core-hours.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", default="main", help="grid name under configs/experiment/paper/")
+    ap.add_argument("--add", action="append", default=[],
+                    help="extra cells beyond the grid's sweep, as overrides (e.g. 'dataset=sports layer=bft_h')")
+    ap.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
+    ap.add_argument("--n-jobs", type=int, default=2, help="runs side by side (the grid's n_jobs here)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--reference", type=Path, default=REPO / "results" / "paper_cpu" / "runs",
+                    help="finished grid whose median best epoch per (backbone, layer) is the proxy")
+    ap.add_argument("--first", default="sports,instruments", help="datasets whose seeds 1-2 come first")
+    ap.add_argument("--slice-hours", type=float, default=2.5, help="wall-time limit of one slice")
+    ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    ap.add_argument("--slices-md", type=Path, help="markdown file for the slice list")
+    args = ap.parse_args(argv)
+    path = REPO / "configs" / "experiment" / "paper" / f"{args.grid}.yaml"
+    if not path.exists():
+        raise SystemExit(f"bench_grid_cost: no grid {args.grid!r} ({path}); choose a file of {path.parent}")
+    axes = sweep_axes(path)
+    best = reference_best_epochs(args.reference)
+    timed = [timed_runs(args.grid, ["seed=0"], args.epochs, args.n_jobs, args.threads)]
+    for add in args.add:
+        timed.append(timed_runs(args.grid, ["seed=0", *shlex.split(add)], args.epochs, args.n_jobs, args.threads))
+    t = pd.concat(timed, ignore_index=True)
+    cells = project(t, [int(s) for s in axes["seed"]], best)
+    limit = args.slice_hours * 3600
+    sl = slices(cells, axes["dataset"], axes["model"], args.first.split(","), args.n_jobs, limit)
+    result = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.now().isoformat(timespec="seconds"), "grid": args.grid, "out": str(args.out),
+        "device": f"cpu x{os.cpu_count()}", "torch": torch.__version__, "n_jobs": args.n_jobs,
+        "threads": args.threads, "timed_epochs": args.epochs,
+        "timing_wall_s": [x.attrs["wall_s"] for x in timed],
+        "cpu_overrides": ["trainer.device=cpu", f"trainer.num_threads={args.threads}",
+                          f"hydra.launcher.n_jobs={args.n_jobs}"],
+        "epochs_expected_rule": "min(epoch cap, median best epoch of the same backbone and layer over "
+                                f"{args.reference} + the pair's patience): a proxy, not a measurement",
+        "proxy_best_epoch": {f"{m}/{lay}": v for (m, lay), v in best.items()},
+        "totals": {"cells": int(len(cells)),
+                   "expected_core_h": round(cells["expected_s"].sum() * args.threads / 3600, 1),
+                   "expected_wall_h": round(cells["expected_s"].sum() / args.n_jobs / 3600, 1),
+                   "cap_core_h": round(cells["cap_s"].sum() * args.threads / 3600, 1)},
+        "slices": sl,
+        "cells": cells.to_dict("records"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.slices_md:
+        args.slices_md.parent.mkdir(parents=True, exist_ok=True)
+        args.slices_md.write_text(slices_md(result))
+    print(f"wrote {args.out}" + (f" and {args.slices_md}" if args.slices_md else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""scripts/bench_grid_cost.py: projection and breadth-first slicing of a grid's cost (no runs)."""
+import pandas as pd
+
+from tests.scripts import load_script
+
+
+def _cost():
+    return load_script("bench_grid_cost")
+
+
+def _timed(rows):
+    return pd.DataFrame([{"dataset": d, "model": m, "layer": lay, "s_per_epoch": s, "s_epochs": [s, s],
+                          "overhead_s": 10.0} for d, m, lay, s in rows])
+
+
+def test_projection_uses_proxy_plus_patience_capped():
+    cost = _cost()
+    timed = _timed([("sports", "sasrec", "standard", 40.0), ("sports", "bert4rec", "bft_h", 60.0)])
+    best = {("sasrec", "standard"): 20.0, ("bert4rec", "bft"): 500.0}  # bft_h falls back to bft
+    cells = cost.project(timed, [0, 1], best)
+    b = cost.tuned_budget("sports", "sasrec")
+    sas = cells[(cells["model"] == "sasrec")]
+    assert len(cells) == 4 and (sas["epochs_expected"] == min(b["epochs_cap"], 20 + b["patience"])).all()
+    assert (sas["expected_s"] == sas["epochs_expected"] * 40.0 + 10.0).all()
+    bert = cells[cells["model"] == "bert4rec"]
+    cap = cost.tuned_budget("sports", "bert4rec")["epochs_cap"]
+    assert (bert["epochs_expected"] == cap).all() and (bert["cap_s"] == cap * 60.0 + 10.0).all()
+
+
+def test_slices_breadth_first_within_limit_and_long_cells_alone():
+    cost = _cost()
+    rows = []
+    for d in ("sports", "yelp"):
+        for m in ("sasrec", "hstu"):
+            for lay in ("standard", "bft"):
+                for s in (0, 1, 2):
+                    rows.append({"dataset": d, "model": m, "layer": lay, "seed": s,
+                                 "expected_s": 3000.0 if m == "sasrec" else 20000.0})
+    cells = pd.DataFrame(rows)
+    sl = cost.slices(cells, ["sports", "yelp"], ["sasrec", "hstu"], ["sports"], n_jobs=2, limit_s=9000)
+    seeds = [next(o for o in s["overrides"] if o.startswith("seed=")) for s in sl]
+    datasets = [s["overrides"][0] for s in sl]
+    # seed 0 of every dataset comes first, then sports' seeds 1-2, then yelp's
+    # (per dataset and seed: sasrec's two layers in one slice, each hstu cell alone: 3 slices)
+    assert seeds[:6] == ["seed=0"] * 6 and datasets[:6] == ["dataset=sports"] * 3 + ["dataset=yelp"] * 3
+    assert datasets[6:12] == ["dataset=sports"] * 6 and seeds[6:12] == ["seed=1"] * 3 + ["seed=2"] * 3
+    assert sum(s["cells"] for s in sl) == len(cells)
+    for s in sl:  # a slice within the limit, or a single long cell marked as such
+        assert s["expected_wall_h"] * 3600 <= 9000 or (s["cells"] == 1 and s["over_limit"])
+    hstu = [s for s in sl if "model=hstu" in s["overrides"]]
+    assert all(s["cells"] == 1 and s["over_limit"] for s in hstu)
