@@ -44,9 +44,10 @@ VOLATILE = {"data_root", "cache_dir", "out_root", "log_level", "skip_finished", 
 AXES = ("dataset", "model", "layer", "seed")  # the axes of every paper grid
 
 
-def sweep_axes(path: Path) -> dict[str, list[str]]:
+def sweep_axes(path: Path, required: tuple = AXES) -> dict[str, list[str]]:
     """The values each axis of a grid config sweeps (``hydra.sweeper.params``, Hydra's sweep syntax:
-    ``a,b``, ``range(0,3)``, ``choice(a,b)``).
+    ``a,b``, ``range(0,3)``, ``choice(a,b)``); ``required``: the axes it must sweep (a paper grid:
+    dataset, model, layer, seed; a one-setting study may sweep fewer).
 
     Raises:
         SystemExit: the file is missing or unreadable, misses an axis (dataset, model, layer, seed) or
@@ -61,7 +62,7 @@ def sweep_axes(path: Path) -> dict[str, list[str]]:
         raise SystemExit(f"{path} is not a readable grid config ({str(e).splitlines()[0]}); "
                          "pass one such as configs/experiment/paper/cpu.yaml") from None
     params = ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
-    absent = [k for k in AXES if k not in params]
+    absent = [k for k in required if k not in params]
     if absent:
         raise SystemExit(f"{path} sweeps no {', '.join(absent)} in hydra.sweeper.params; "
                          "pass a grid config such as configs/experiment/paper/cpu.yaml")

@@ -1,0 +1,38 @@
+"""scripts/make_variant_table.py: tagged variants against a baseline tag, chosen by validation NDCG@10."""
+import json
+
+import pytest
+
+from bftrec.train import run
+from tests.scripts import load_script
+from tests.test_train_e2e import smoke_cfg
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    for tag, lr in (("lossA", 0.001), ("lossB", 0.01)):
+        for seed in (0, 1):
+            run(smoke_cfg(root, f"tag={tag}", f"trainer.lr={lr}", f"seed={seed}"), root / "runs" / tag / f"seed{seed}")
+    return root
+
+
+def test_rows_baseline_first_best_marked_and_p(tagged):
+    mvt = load_script("make_variant_table")
+    mvt.main(["--runs", str(tagged / "runs"), "--baseline", "lossA", "--out", str(tagged / "t")])
+    df = __import__("pandas").read_csv(tagged / "t" / "variants.csv", keep_default_na=False)
+    assert list(df["tag"]) == ["lossA", "lossB"] and list(df["seeds"]) == ["0,1", "0,1"]
+    valid = {t: [json.loads((tagged / "runs" / t / f"seed{s}" / "metrics.json").read_text())["valid"]["NDCG@10"]
+                 for s in (0, 1)] for t in ("lossA", "lossB")}
+    best = max(valid, key=lambda t: sum(valid[t]))
+    chosen = df.set_index("tag")["chosen"]
+    assert chosen[best].startswith("best valid NDCG@10") and chosen[({"lossA", "lossB"} - {best}).pop()] == ""
+    rel = sum(valid["lossB"]) / sum(valid["lossA"]) - 1
+    assert df.set_index("tag").loc["lossB", "valid vs baseline"] == f"{rel:+.1%}"
+    assert df.set_index("tag").loc["lossA", "p NDCG@10"] == ""  # no test of the baseline against itself
+
+
+def test_unknown_baseline_is_refused_naming_the_tags(tagged):
+    mvt = load_script("make_variant_table")
+    with pytest.raises(SystemExit, match="no runs tagged 'lossC' .*lossA, lossB"):
+        mvt.main(["--runs", str(tagged / "runs"), "--baseline", "lossC", "--out", str(tagged / "t2")])
