@@ -11,9 +11,9 @@
    s/epoch = mean over the timed epochs of training + validation seconds (``history.csv``); the rest
    of each run's wall time (data, model, test scoring: ``ledger.jsonl``) is its fixed overhead.
 2. **Epochs expected.** Nothing is known about a pair before it runs, so the projection uses a stated
-   proxy: the median best epoch of the same backbone and layer over the finished CPU grid
-   (``--reference``, default ``results/paper_cpu/runs``), plus the pair's patience, capped at its epoch
-   cap. The worst case (every cell runs to its cap) is reported beside it.
+   proxy: the mean best epoch (the mean, since a total is projected) of the same backbone and layer
+   over the finished CPU grid (``--reference``, default ``results/paper_cpu/runs``), plus the pair's
+   patience, capped at its epoch cap. The worst case (every cell runs to its cap) is reported beside it.
 3. **Slices.** Cells are ordered breadth first (seed 0 of every cell; then seeds 1 and 2 of
    ``--first`` datasets; then the rest), grouped by (dataset, seed) and packed into slices of at most
    ``--slice-hours`` of wall time at ``--n-jobs`` runs side by side. Each slice is one command line of
@@ -83,7 +83,7 @@ def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, thread
 
 
 def reference_best_epochs(runs: Path) -> dict:
-    """{(model, layer): median best epoch} over the finished cells under ``runs``."""
+    """{(model, layer): mean best epoch} over the finished cells under ``runs``."""
     rows = []
     for m in runs.rglob("metrics.json"):
         d = json.loads(m.read_text())
@@ -91,7 +91,7 @@ def reference_best_epochs(runs: Path) -> dict:
             rows.append({"model": d["model"], "layer": d["layer"], "best_epoch": d["best_epoch"]})
     if not rows:
         raise SystemExit(f"bench_grid_cost: no finished cells under {runs}; pass --reference <runs folder>")
-    return pd.DataFrame(rows).groupby(["model", "layer"])["best_epoch"].median().to_dict()
+    return pd.DataFrame(rows).groupby(["model", "layer"])["best_epoch"].mean().to_dict()
 
 
 def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-jobs", type=int, default=2, help="runs side by side (the grid's n_jobs here)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--reference", type=Path, default=REPO / "results" / "paper_cpu" / "runs",
-                    help="finished grid whose median best epoch per (backbone, layer) is the proxy")
+                    help="finished grid whose mean best epoch per (backbone, layer) is the proxy")
     ap.add_argument("--first", default="sports,instruments", help="datasets whose seeds 1-2 come first")
     ap.add_argument("--slice-hours", type=float, default=2.5, help="wall-time limit of one slice")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         "timing_wall_s": [x.attrs["wall_s"] for x in timed],
         "cpu_overrides": ["trainer.device=cpu", f"trainer.num_threads={args.threads}",
                           f"hydra.launcher.n_jobs={args.n_jobs}"],
-        "epochs_expected_rule": "min(epoch cap, median best epoch of the same backbone and layer over "
+        "epochs_expected_rule": "min(epoch cap, mean best epoch of the same backbone and layer over "
                                 f"{args.reference} + the pair's patience): a proxy, not a measurement",
         "proxy_best_epoch": {f"{m}/{lay}": v for (m, lay), v in best.items()},
         "totals": {"cells": int(len(cells)),
