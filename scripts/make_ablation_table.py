@@ -235,11 +235,12 @@ def choice_line(num: pd.DataFrame) -> tuple[str, str]:
 
 
 def compare_line(dataset: str, groups: dict, best: str, others: list[dict]) -> str | None:
-    """One line: the v1 (``bft.units=h``) SASRec bft cell of ``others`` on ``dataset`` against the
-    best ``count`` variant and the default (validation NDCG@10, seed means; test NDCG@10 with p)."""
+    """One line: the v1 (``bft.units=h``: ``layer=bft_h``, or a legacy ``bft`` run) SASRec cell of
+    ``others`` on ``dataset`` against the best ``count`` variant and the default (validation NDCG@10,
+    seed means; test NDCG@10 with p)."""
     from bftrec.config import upgrade_legacy_layer
 
-    h = [r for r in others if r["dataset"] == dataset and r["model"] == "sasrec" and r["layer"] == "bft"
+    h = [r for r in others if r["dataset"] == dataset and r["model"] == "sasrec" and r["layer"] in ("bft", "bft_h")
          and upgrade_legacy_layer(r["layer_config"]).get("bft", {}).get("units") == "h"]
     if not h:
         return f"- v1 (bft.units=h) SASRec bft on {dataset}: no run under --compare"

@@ -77,13 +77,17 @@ def test_old_runs_without_lam0_start_get_the_start_only_where_the_config_fixes_i
     assert mt._moved([1.0, None], [0.5, 0.7]).startswith("? → 0.600")
 
 
-def test_compare_with_v1_says_plainly_when_h_wins(sweep, tmp_path):
+@pytest.mark.parametrize("layer", ["bft", "bft_h"])
+def test_compare_with_v1_says_plainly_when_h_wins(sweep, tmp_path, layer):
     src = sweep / "runs" / "synthetic" / "sasrec" / "bft" / "tau=default" / "seed0"
-    dst = tmp_path / "v1" / "synthetic" / "sasrec" / "bft" / "seed0"
+    dst = tmp_path / "v1" / "synthetic" / "sasrec" / layer / "seed0"
     shutil.copytree(src, dst)
     m = json.loads((dst / "metrics.json").read_text())
-    m["tag"], m["valid"]["NDCG@10"] = None, 1.0
-    del m["layer_config"]["bft"]["units"]  # a v1 run: units=h (upgrade_legacy_layer)
+    m["tag"], m["valid"]["NDCG@10"], m["layer"] = None, 1.0, layer
+    if layer == "bft":
+        del m["layer_config"]["bft"]["units"]  # a legacy v1 run: units=h (upgrade_legacy_layer)
+    else:
+        m["layer_config"]["bft"]["units"] = "h"  # layer=bft_h
     (dst / "metrics.json").write_text(json.dumps(m))
     load_script("make_ablation_table").main(["--runs", str(sweep / "runs"), "--out", str(tmp_path / "t"),
                                              "--compare", str(tmp_path / "v1")])
