@@ -34,8 +34,14 @@ test: setup
 # Rerunning skips finished cells and resumes killed ones; ARGS picks a slice (ARGS="dataset=office"),
 # whose tables are then marked PARTIAL (--allow-partial; the figures log it) until the grid is done.
 # Trial runs with other settings (ARGS="trainer.epochs=2") belong in another folder: OUT=/tmp/trial.
-OUT ?= results/paper_$(GRID)
-PAPER_CHECK = --grid configs/experiment/paper/$(GRID).yaml $(if $(ARGS),--allow-partial)
+# GRID=main_units: the main grid's unit ablation (layer=bft_h on Sports), into the main grid's folder; the
+# tables of either take both grids' cells.
+OUT_main_units := results/paper_main
+TABLE_GRIDS_main := main main_units
+TABLE_GRIDS_main_units := main main_units
+OUT ?= $(or $(OUT_$(GRID)),results/paper_$(GRID))
+PAPER_CHECK = $(foreach g,$(or $(TABLE_GRIDS_$(GRID)),$(GRID)),--grid configs/experiment/paper/$(g).yaml) \
+	$(if $(ARGS),--allow-partial)
 paper: setup
 	$(BIN)/bftrec-train -m experiment=paper/$(GRID) out_root=$(OUT) $(ARGS)
 	$(BIN)/python scripts/make_tables.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/tables

@@ -56,12 +56,7 @@ def sweep_axes(path: Path, required: tuple = AXES) -> dict[str, list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    try:
-        cfg = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise SystemExit(f"{path} is not a readable grid config ({str(e).splitlines()[0]}); "
-                         "pass one such as configs/experiment/paper/cpu.yaml") from None
-    params = ((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    params = _sweep_params(Path(path))
     absent = [k for k in required if k not in params]
     if absent:
         raise SystemExit(f"{path} sweeps no {', '.join(absent)} in hydra.sweeper.params; "
@@ -75,6 +70,23 @@ def sweep_axes(path: Path, required: tuple = AXES) -> dict[str, list[str]]:
             raise SystemExit(f"{path}: cannot parse the sweep {key}={value} ({str(e).splitlines()[0]})") from None
         out[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
     return out
+
+
+def _sweep_params(path: Path) -> dict:
+    """``hydra.sweeper.params`` of a grid config, over those of an experiment it inherits
+    (``defaults: [/experiment/paper/main]``: a grid that changes a few axes of another)."""
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise SystemExit(f"{path} is not a readable grid config ({str(e).splitlines()[0]}); "
+                         "pass one such as configs/experiment/paper/cpu.yaml") from None
+    params: dict = {}
+    for entry in cfg.get("defaults") or []:
+        if isinstance(entry, str) and entry.startswith("/experiment/"):
+            root = next(p for p in path.parents if p.name == "experiment").parent  # the config dir
+            params.update(_sweep_params(root / f"{entry.lstrip('/')}.yaml"))
+    params.update(((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {})
+    return params
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

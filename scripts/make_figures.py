@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
-    ap.add_argument("--grid", type=Path, help="grid config whose cells are expected (configs/experiment/paper/*.yaml)")
+    ap.add_argument("--grid", type=Path, action="append",
+                    help="grid config whose cells are expected (configs/experiment/paper/*.yaml); repeat for a union")
     ap.add_argument("--allow-partial", action="store_true", help="draw despite missing cells")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -107,13 +107,17 @@ def _name_variants(runs: list[dict]) -> None:
             r["tag"] = ",".join(o.lstrip("+~") for o in r["_variant"])
 
 
-def grid_cells(path: Path) -> set:
-    """(dataset, model, tag "", layer, seed) of every cell a grid config sweeps (``hydra.sweeper.params``)."""
-    try:
-        axes = sweep_axes(path)
-    except SystemExit as e:
-        raise SystemExit(f"make_tables: {e}") from None
-    return {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*(axes[k] for k in AXES))}
+def grid_cells(paths) -> set:
+    """(dataset, model, tag "", layer, seed) of every cell the grid configs sweep (``hydra.sweeper.params``);
+    ``paths``: one config or several (their union: a grid and its extra cells, e.g. ``paper/main_units``)."""
+    out: set = set()
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        try:
+            axes = sweep_axes(path)
+        except SystemExit as e:
+            raise SystemExit(f"make_tables: {e}") from None
+        out |= {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*(axes[k] for k in AXES))}
+    return out
 
 
 def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
@@ -232,11 +236,12 @@ def check_comparable(groups: dict) -> None:
                                  f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
 
 
-def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = "make_tables") -> tuple:
+def select_runs(root: Path, grid, allow_partial: bool, prog: str = "make_tables") -> tuple:
     """Runs of ``root`` ready for tables or figures: (runs, missing cells, ignored run folders).
 
-    With ``grid``, runs outside it are left out (and returned as ignored). Raises SystemExit on
-    missing cells unless ``allow_partial``, on duplicate runs and on runs that are not comparable.
+    With ``grid`` (a config path or a list of them), runs outside it are left out (and returned as
+    ignored). Raises SystemExit on missing cells unless ``allow_partial``, on duplicate runs and on
+    runs that are not comparable.
     """
     runs = load_runs(root)
     ignored = []
@@ -246,7 +251,8 @@ def select_runs(root: Path, grid: Path | None, allow_partial: bool, prog: str = 
                    if (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]) not in cells_]
         runs = [r for r in runs if str(r["_dir"]) not in ignored]
         if not runs:
-            raise SystemExit(f"{prog}: no run under {root} belongs to the grid {grid}")
+            names = [grid] if isinstance(grid, (str, Path)) else grid
+            raise SystemExit(f"{prog}: no run under {root} belongs to the grid {', '.join(map(str, names))}")
     missing = missing_cells(runs, cells_)
     if missing and not allow_partial:
         raise SystemExit(f"{prog}: {len(missing)} cells missing under {root}: {'; '.join(describe_missing(missing))}. "
@@ -683,7 +689,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=Path, required=True,
                     help="folder searched for metrics.json: one run, a multirun folder or a grid's runs/")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tables")
-    ap.add_argument("--grid", type=Path, help="grid config whose cells are expected (configs/experiment/paper/*.yaml)")
+    ap.add_argument("--grid", type=Path, action="append",
+                    help="grid config whose cells are expected (configs/experiment/paper/*.yaml); repeat for a union")
     ap.add_argument("--allow-partial", action="store_true",
                     help="write tables despite missing cells (listed in the header)")
     args = ap.parse_args(argv)

@@ -14,8 +14,9 @@ from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prep
 from bftrec.train import CONFIG_DIR, run, typed_groups
 from tests.test_train_e2e import smoke_cfg
 
-GRIDS = {"main": 108, "cpu": 108}
-LAYERS = {"main": ["bft", "standard"], "cpu": ["bft", "bft_h", "standard"]}  # bft_h: the v1-units ablation
+GRIDS = {"main": 108, "cpu": 108, "main_units": 9}
+# bft_h: the v1-units ablation (main_units: Sports only, inheriting main's settings)
+LAYERS = {"main": ["bft", "standard"], "cpu": ["bft", "bft_h", "standard"], "main_units": ["bft_h"]}
 
 
 def _grid_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
@@ -35,7 +36,7 @@ def test_every_cell_composes_with_its_tuned_config(grid):
         for d in axes["dataset"]:
             for m in axes["model"]:
                 per_layer = {}
-                for layer in axes["layer"]:
+                for layer in dict.fromkeys(["standard", *axes["layer"]]):  # standard: the comparison's base
                     cfg = compose("train", overrides=[f"experiment=paper/{grid}", f"dataset={d}", f"model={m}",
                                                       f"layer={layer}"])
                     g = typed_groups(cfg)  # every key known, every value well typed

@@ -129,6 +129,9 @@ def test_grid_cells_are_the_sweep_product():
     cells = mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
     assert len(cells) == 108 and ("office", "hstu", "", "bft_h", 2) in cells
     assert len(mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "main.yaml")) == 108
+    both = mt.grid_cells([REPO / "configs" / "experiment" / "paper" / f"{g}.yaml" for g in ("main", "main_units")])
+    assert len(both) == 117 and ("sports", "hstu", "", "bft_h", 2) in both
+    assert ("toys", "hstu", "", "bft_h", 0) not in both
 
 
 def test_partial_folder_names_missing_cells(runs, tmp_path):
