@@ -34,16 +34,19 @@ test: setup
 # Rerunning skips finished cells and resumes killed ones; ARGS picks a slice (ARGS="dataset=office"),
 # whose tables are then marked PARTIAL (--allow-partial; the figures log it) until the grid is done.
 # Trial runs with other settings (ARGS="trainer.epochs=2") belong in another folder: OUT=/tmp/trial.
-# GRID=main_units: the main grid's unit ablation (layer=bft_h on Sports), into the main grid's folder; the
-# tables of either take both grids' cells.
+# GRID=main also runs its unit ablation, configs/experiment/paper/main_units.yaml (layer=bft_h on Sports),
+# into the same folder, when no ARGS slice is given; GRID=main_units runs the ablation alone. The tables
+# of either take both grids' cells (those of GRID=main_units are PARTIAL until the main grid is done).
 OUT_main_units := results/paper_main
+EXTRA_GRIDS_main := main_units
 TABLE_GRIDS_main := main main_units
 TABLE_GRIDS_main_units := main main_units
 OUT ?= $(or $(OUT_$(GRID)),results/paper_$(GRID))
 PAPER_CHECK = $(foreach g,$(or $(TABLE_GRIDS_$(GRID)),$(GRID)),--grid configs/experiment/paper/$(g).yaml) \
-	$(if $(ARGS),--allow-partial)
+	$(if $(or $(ARGS),$(filter main_units,$(GRID))),--allow-partial)
 paper: setup
 	$(BIN)/bftrec-train -m experiment=paper/$(GRID) out_root=$(OUT) $(ARGS)
+	$(if $(ARGS),,$(foreach g,$(EXTRA_GRIDS_$(GRID)),$(BIN)/bftrec-train -m experiment=paper/$(g) out_root=$(OUT);))
 	$(BIN)/python scripts/make_tables.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/tables
 	$(BIN)/python scripts/make_figures.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/figures
 

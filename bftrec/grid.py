@@ -83,7 +83,11 @@ def _sweep_params(path: Path) -> dict:
     params: dict = {}
     for entry in cfg.get("defaults") or []:
         if isinstance(entry, str) and entry.startswith("/experiment/"):
-            root = next(p for p in path.parents if p.name == "experiment").parent  # the config dir
+            root = next((p for p in path.parents if p.name == "experiment"), None)
+            if root is None:
+                raise SystemExit(f"{path} inherits {entry} but lies outside a configs/experiment/ folder; "
+                                 "keep grid configs under configs/experiment/")
+            root = root.parent  # the config dir
             params.update(_sweep_params(root / f"{entry.lstrip('/')}.yaml"))
     params.update(((cfg.get("hydra") or {}).get("sweeper") or {}).get("params") or {})
     return params

@@ -291,15 +291,18 @@ def fresh_dir(base: Path) -> Path:
     a reservation no run used would stay behind as empty folders: they are removed at exit if still
     empty (``_release_unused``; never a folder holding any file).
     """
+    base = base.absolute()  # the exit hook must find it after a chdir
     created = [p for p in [base.parent, *base.parent.parents] if not p.exists()]
-    base.parent.mkdir(parents=True, exist_ok=True)
     for i in range(1, 10_000):
         path = base if i == 1 else base.with_name(f"{base.name}_{i}")
         try:
-            path.mkdir()
+            base.parent.mkdir(parents=True, exist_ok=True)  # again on each try: another process's exit
+            path.mkdir()                                    # hook may just have removed an empty parent
             _RESERVED.append([path, *created])
             return path
         except FileExistsError:
+            continue
+        except FileNotFoundError:  # the parent went between the two mkdirs: try again (next name)
             continue
     raise ConfigError(f"{base}: 10,000 run directories of that name exist; choose another out_root")
 

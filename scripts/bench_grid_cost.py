@@ -71,6 +71,8 @@ def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, thread
         rows = []
         for cell, rec in ledger.items():
             h = pd.read_csv(runs / cell / "history.csv")
+            if h.empty:
+                raise SystemExit(f"bench_grid_cost: {cell} wrote no epoch to history.csv; see its train.log")
             per_epoch = h["train_seconds"] + h["eval_seconds"].fillna(0)  # (epochs,) s
             dataset, model, layer, _ = cell.split("/")
             rows.append({"dataset": dataset, "model": model, "layer": layer,
@@ -94,12 +96,33 @@ def reference_best_epochs(runs: Path) -> dict:
     return pd.DataFrame(rows).groupby(["model", "layer"])["best_epoch"].mean().to_dict()
 
 
+LAYER_ORDER = ("standard", "bft", "bft_h")
+
+
+def _proxy(best: dict, model: str, layer: str) -> float:
+    """Mean best epoch of (model, layer) in the reference; else of the model over its layers there."""
+    if (model, layer) in best:
+        return best[(model, layer)]
+    same = [v for (m, _), v in best.items() if m == model]
+    if not same:
+        raise SystemExit(f"bench_grid_cost: the reference has no finished {model} cell to take the epochs from; "
+                         "pass --reference <a runs folder with that backbone>")
+    return float(sum(same) / len(same))
+
+
 def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
-    """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case."""
+    """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case.
+
+    Raises:
+        SystemExit: a timed run without a finite s/epoch; a backbone the reference never ran.
+    """
     rows = []
     for r in timed.to_dict("records"):
+        if not (r["s_per_epoch"] > 0):  # NaN or 0: a run that timed no epoch
+            raise SystemExit(f"bench_grid_cost: {r['dataset']}/{r['model']}/{r['layer']} timed no epoch "
+                             f"(s/epoch {r['s_per_epoch']}); rerun with --epochs >= 1")
         b = tuned_budget(r["dataset"], r["model"])
-        proxy = best.get((r["model"], r["layer"]), best.get((r["model"], "bft")))
+        proxy = _proxy(best, r["model"], r["layer"])
         expected = min(b["epochs_cap"], int(round(proxy)) + b["patience"])
         for s in seeds:
             rows.append({**r, "seed": s, **b, "proxy_best_epoch": proxy, "epochs_expected": expected,
@@ -108,47 +131,68 @@ def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def slices(cells: pd.DataFrame, datasets: list[str], models: list[str], first: list[str],
-           n_jobs: int, limit_s: float) -> list[dict]:
-    """Breadth-first slices of at most ``limit_s`` wall seconds each (see the module docstring)."""
-    def wall(g: pd.DataFrame) -> float:
-        return max(g["expected_s"].sum() / n_jobs, g["expected_s"].max())
+def makespan(durations: list[float], n_jobs: int) -> float:
+    """Wall seconds of running ``durations`` in this order on ``n_jobs`` workers, each cell handed to
+    the first free worker (the joblib launcher's behaviour)."""
+    free = [0.0] * n_jobs
+    for d in durations:
+        i = free.index(min(free))
+        free[i] += d
+    return max(free)
 
-    # breadth first: seed 0 everywhere, then seeds 1-2 of the first datasets, then the rest
-    order = [(d, 0) for d in datasets] + [(d, s) for d in first for s in (1, 2)] + \
-            [(d, s) for d in datasets if d not in first for s in (1, 2)]
+
+def slices(cells: pd.DataFrame, first: list[str], n_jobs: int, limit_s: float) -> list[dict]:
+    """Breadth-first slices of at most ``limit_s`` wall seconds each (see the module docstring).
+
+    Datasets, backbones and seeds are those of ``cells`` (in their order there); every cell lands in
+    exactly one slice. Backbones are packed into one slice only when they share the layer set, since
+    a slice's ``model=a,b layer=x,y`` runs the whole product.
+    """
+    datasets = list(dict.fromkeys(cells["dataset"]))
+    models = list(dict.fromkeys(cells["model"]))
+    seeds = sorted(set(int(x) for x in cells["seed"]))
+    first = [d for d in first if d in datasets]
+    order = [(d, seeds[0]) for d in datasets] + [(d, s) for d in first for s in seeds[1:]] + \
+            [(d, s) for d in datasets if d not in first for s in seeds[1:]]
+    rank = {lay: i for i, lay in enumerate(LAYER_ORDER)}
+
+    def layers(g: pd.DataFrame) -> tuple:
+        return tuple(sorted(g["layer"].unique(), key=lambda x: rank.get(x, len(rank))))
+
+    def wall(g: pd.DataFrame) -> float:
+        g = g.assign(_m=g["model"].map(models.index), _l=g["layer"].map(lambda x: rank.get(x, len(rank))))
+        return makespan(list(g.sort_values(["_m", "_l"])["expected_s"]), n_jobs)
+
     out = []
     for d, s in order:
         g = cells[(cells["dataset"] == d) & (cells["seed"] == s)]
-        if g.empty:
-            continue
         pack: list[str] = []
         for m in models:
             gm = g[g["model"] == m]
             if gm.empty:
                 continue
-            if pack and wall(g[g["model"].isin(pack + [m])]) > limit_s:
-                out.append(_slice(g[g["model"].isin(pack)], d, s, pack, None, n_jobs, limit_s))
+            if pack and (layers(gm) != layers(g[g["model"] == pack[0]])
+                         or wall(g[g["model"].isin(pack + [m])]) > limit_s):
+                out.append(_slice(g[g["model"].isin(pack)], d, s, pack, wall, limit_s))
                 pack = []
             if wall(gm) > limit_s:  # one backbone's layers alone exceed the limit: one slice per layer
-                out += [_slice(gm[gm["layer"] == lay], d, s, [m], lay, n_jobs, limit_s)
-                        for lay in gm["layer"].unique()]
+                out += [_slice(gm[gm["layer"] == lay], d, s, [m], wall, limit_s) for lay in layers(gm)]
             else:
                 pack.append(m)
         if pack:
-            out.append(_slice(g[g["model"].isin(pack)], d, s, pack, None, n_jobs, limit_s))
+            out.append(_slice(g[g["model"].isin(pack)], d, s, pack, wall, limit_s))
+    sliced = sum(x["cells"] for x in out)
+    if sliced != len(cells):
+        raise SystemExit(f"bench_grid_cost: the slices hold {sliced} cells, the grid {len(cells)}; a bug: report it")
     return out
 
 
-def _slice(g: pd.DataFrame, d: str, s: int, models: list[str], layer, n_jobs: int, limit_s: float) -> dict:
-    wall = max(g["expected_s"].sum() / n_jobs, g["expected_s"].max())
-    over = [f"dataset={d}", f"model={','.join(models)}", f"seed={s}"]
-    if layer is not None:
-        over.append(f"layer={layer}")
-    else:
-        over.append(f"layer={','.join(sorted(g['layer'].unique(), key=['standard', 'bft', 'bft_h'].index))}")
-    return {"overrides": over, "cells": int(len(g)), "expected_wall_h": round(wall / 3600, 2),
-            "over_limit": bool(wall > limit_s)}
+def _slice(g: pd.DataFrame, d: str, s: int, models: list[str], wall, limit_s: float) -> dict:
+    rank = {lay: i for i, lay in enumerate(LAYER_ORDER)}
+    lays = sorted(g["layer"].unique(), key=lambda x: rank.get(x, len(rank)))
+    w = wall(g)
+    return {"overrides": [f"dataset={d}", f"model={','.join(models)}", f"seed={s}", f"layer={','.join(lays)}"],
+            "cells": int(len(g)), "expected_wall_h": round(w / 3600, 2), "over_limit": bool(w > limit_s)}
 
 
 def slices_md(result: dict) -> str:
@@ -195,9 +239,12 @@ def main(argv: list[str] | None = None) -> None:
     for add in args.add:
         timed.append(timed_runs(args.grid, ["seed=0", *shlex.split(add)], args.epochs, args.n_jobs, args.threads))
     t = pd.concat(timed, ignore_index=True)
+    order = {k: list(dict.fromkeys([*axes[k], *t[k]])) for k in ("dataset", "model")}  # the grid's order
+    t = t.assign(_d=t["dataset"].map(order["dataset"].index), _m=t["model"].map(order["model"].index)) \
+        .sort_values(["_d", "_m"]).drop(columns=["_d", "_m"]).reset_index(drop=True)
     cells = project(t, [int(s) for s in axes["seed"]], best)
     limit = args.slice_hours * 3600
-    sl = slices(cells, axes["dataset"], axes["model"], args.first.split(","), args.n_jobs, limit)
+    sl = slices(cells, args.first.split(","), args.n_jobs, limit)
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "grid": args.grid, "out": str(args.out),

@@ -415,7 +415,8 @@ def relative_gain(vals: list, base: list) -> float | None:
 
 def comparisons(groups: dict) -> pd.DataFrame:
     """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
-    means), p (Wilcoxon), p_holm (Holm over all rows of the same metric and stratum), ci_lo, ci_hi
+    means), p (Wilcoxon), p_holm (Holm over all rows of the same layer, metric and stratum: one family per
+    claim, so an ablation layer such as bft_h does not change bft's adjusted p), ci_lo, ci_hi
     (bootstrap, relative), n_users, seeds and baseline seeds."""
     rows = []
     for key, rs in sorted(groups.items()):
@@ -436,7 +437,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if len(df):
         df["p_holm"] = None
-        for _, idx in df.groupby(["metric", "stratum"], sort=False).groups.items():
+        for _, idx in df.groupby(["layer", "metric", "stratum"], sort=False).groups.items():
             df.loc[idx, "p_holm"] = holm([None if pd.isna(p) else p for p in df.loc[idx, "p"]])
     return df
 
@@ -627,9 +628,9 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
 STATS = (f"- gain: relative difference of the seed means, (mean layer − mean standard) / mean standard (– where the "
          "standard layer has no hit); p: two-sided Wilcoxon signed-rank test over users of the per-user metric "
          "averaged over seeds (seeds never count as extra users); p_Holm: Holm step-down adjustment over the family "
-         "of all comparisons of one metric in one stratum (overall counts as one) across every dataset, backbone, "
-         "tag and layer in these tables; 95% CI: percentile bootstrap over users of the gain of the seed-averaged "
-         f"per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
+         "of all comparisons of one layer, one metric and one stratum (overall counts as one) across every dataset, "
+         "backbone and tag in these tables (one family per layer); 95% CI: percentile bootstrap over users of the "
+         f"gain of the seed-averaged per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
          "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
          "(else the untagged one)")
 

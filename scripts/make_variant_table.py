@@ -20,6 +20,7 @@ margin over the runner-up. Reads only ``metrics.json``, ``ranks.csv.gz`` and ``h
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -29,24 +30,40 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_tables import fmt, header, load_runs, paired_p, pval  # noqa: E402
 
+log = logging.getLogger("make_variant_table")
+
 
 def _train_s(run: dict) -> float | None:
     h = run["_dir"] / "history.csv"
     return float(pd.read_csv(h)["train_seconds"].sum()) if h.exists() else None
 
 
+def _rel(a: float, b: float | None) -> str:
+    """Relative difference a / b − 1 as ``+1.2%``; ``–`` without a baseline or with a zero one."""
+    return "–" if not b else f"{a / b - 1:+.1%}"
+
+
 def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
     """One row per (dataset, model, layer, tag); see the module docstring."""
     groups: dict = {}
+    seen: dict = {}
     for r in runs:
+        key = (r["dataset"], r["model"], r["layer"], r["tag"], r["seed"])
+        if key in seen:
+            raise SystemExit(f"make_variant_table: two runs of {'/'.join(map(str, key[:4]))} seed {key[4]}: "
+                             f"{seen[key]} and {r['_dir']}; keep one (seeds would be double counted)")
+        seen[key] = r["_dir"]
         groups.setdefault((r["dataset"], r["model"], r["layer"]), {}).setdefault(r["tag"], []).append(r)
     rows = []
+    if not any(baseline in tags for tags in groups.values()):
+        raise SystemExit(f"make_variant_table: no runs tagged {baseline!r} (tags: "
+                         f"{', '.join(sorted({t for tags in groups.values() for t in tags}))}); "
+                         "pass --baseline <one of them>")
     for (d, m, layer), tags in sorted(groups.items()):
-        if baseline not in tags:
-            raise SystemExit(f"make_variant_table: {d}/{m}/{layer} has no runs tagged {baseline!r} "
-                             f"(tags: {', '.join(sorted(tags))}); pass --baseline <one of them>")
-        base = tags[baseline]
-        base_valid = np.mean([r["valid"]["NDCG@10"] for r in base])
+        if baseline not in tags:  # a study in progress: the baseline of this group has not run yet
+            log.warning("%s/%s/%s: no %s run yet; its rows carry no comparison", d, m, layer, baseline)
+        base = tags.get(baseline)
+        base_valid = np.mean([r["valid"]["NDCG@10"] for r in base]) if base else None
         block = []
         for tag in sorted(tags, key=lambda t: (t != baseline, t)):
             rs = tags[tag]
@@ -54,10 +71,10 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
             row = {"dataset": d, "model": m, "layer": layer, "tag": tag,
                    "seeds": ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"])),
                    "valid NDCG@10": fmt(valid), "_valid": float(np.mean(valid)),
-                   "valid vs baseline": "" if tag == baseline else f"{np.mean(valid) / base_valid - 1:+.1%}"}
+                   "valid vs baseline": "" if tag == baseline else _rel(np.mean(valid), base_valid)}
             for metric in ("HR@10", "NDCG@10"):
                 row[f"test {metric}"] = fmt([r["test"]["overall"][metric] for r in rs])
-                row[f"p {metric}"] = "" if tag == baseline else pval(paired_p(rs, base, metric))
+                row[f"p {metric}"] = "" if tag == baseline or not base else pval(paired_p(rs, base, metric))
             train_s = [_train_s(r) for r in rs]
             row.update({"best epoch": fmt([r["best_epoch"] for r in rs], 0),
                         "epochs run": fmt([r["epochs_run"] for r in rs], 0),
@@ -67,8 +84,8 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
         for row in block:
             row["chosen"] = ""
         if len(order) > 1:
-            margin = order[0]["_valid"] / order[1]["_valid"] - 1
-            order[0]["chosen"] = f"best valid NDCG@10 (+{margin:.1%} over {order[1]['tag']})"
+            margin = _rel(order[0]["_valid"], order[1]["_valid"])
+            order[0]["chosen"] = f"best valid NDCG@10 ({margin} over {order[1]['tag']})"
         rows += block
     return pd.DataFrame(rows).drop(columns="_valid")
 
@@ -103,9 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder for variants.md and variants.csv")
     ap.add_argument("--grid", type=Path, help="experiment config whose sweep lists the expected cells")
     args = ap.parse_args(argv)
-    runs = load_runs(args.runs)
-    if not runs:
-        raise SystemExit(f"make_variant_table: no metrics.json under {args.runs}; pass a folder of finished runs")
+    runs = load_runs(args.runs)  # exits in one line when there is none
     swept = set()
     if args.grid:
         from bftrec.grid import sweep_axes

@@ -1,5 +1,6 @@
 """scripts/bench_grid_cost.py: projection and breadth-first slicing of a grid's cost (no runs)."""
 import pandas as pd
+import pytest
 
 from tests.scripts import load_script
 
@@ -16,7 +17,7 @@ def _timed(rows):
 def test_projection_uses_proxy_plus_patience_capped():
     cost = _cost()
     timed = _timed([("sports", "sasrec", "standard", 40.0), ("sports", "bert4rec", "bft_h", 60.0)])
-    best = {("sasrec", "standard"): 20.0, ("bert4rec", "bft"): 500.0}  # bft_h falls back to bft
+    best = {("sasrec", "standard"): 20.0, ("bert4rec", "bft"): 500.0}  # bft_h: the backbone's other layers
     cells = cost.project(timed, [0, 1], best)
     b = cost.tuned_budget("sports", "sasrec")
     sas = cells[(cells["model"] == "sasrec")]
@@ -37,7 +38,7 @@ def test_slices_breadth_first_within_limit_and_long_cells_alone():
                     rows.append({"dataset": d, "model": m, "layer": lay, "seed": s,
                                  "expected_s": 3000.0 if m == "sasrec" else 20000.0})
     cells = pd.DataFrame(rows)
-    sl = cost.slices(cells, ["sports", "yelp"], ["sasrec", "hstu"], ["sports"], n_jobs=2, limit_s=9000)
+    sl = cost.slices(cells, ["sports"], n_jobs=2, limit_s=9000)
     seeds = [next(o for o in s["overrides"] if o.startswith("seed=")) for s in sl]
     datasets = [s["overrides"][0] for s in sl]
     # seed 0 of every dataset comes first, then sports' seeds 1-2, then yelp's
@@ -48,4 +49,41 @@ def test_slices_breadth_first_within_limit_and_long_cells_alone():
     for s in sl:  # a slice within the limit, or a single long cell marked as such
         assert s["expected_wall_h"] * 3600 <= 9000 or (s["cells"] == 1 and s["over_limit"])
     hstu = [s for s in sl if "model=hstu" in s["overrides"]]
-    assert all(s["cells"] == 1 and s["over_limit"] for s in hstu)
+    assert len(hstu) == 12 and all(s["cells"] == 1 and s["over_limit"] for s in hstu)
+
+
+def test_makespan_is_the_schedule_not_a_lower_bound():
+    cost = _cost()
+    assert cost.makespan([1.6, 1.6, 1.6], 2) == 3.2  # sum / n_jobs would say 2.4
+    assert cost.makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0
+
+
+def test_three_layer_cells_over_the_limit_are_split_and_every_cell_is_sliced():
+    cost = _cost()
+    rows = [{"dataset": "sports", "model": m, "layer": lay, "seed": s, "expected_s": 1.6 * 3600}
+            for m in ("sasrec", "hstu") for lay in ("standard", "bft", "bft_h") for s in range(5)]
+    rows += [{"dataset": "yelp", "model": "sasrec", "layer": lay, "seed": s, "expected_s": 600.0}
+             for lay in ("standard", "bft") for s in range(5)]
+    cells = pd.DataFrame(rows)
+    sl = cost.slices(cells, ["sports"], n_jobs=2, limit_s=2.5 * 3600)
+    assert sum(s["cells"] for s in sl) == len(cells)  # seeds 3 and 4 too
+    assert all(s["expected_wall_h"] <= 2.5 or s["cells"] == 1 for s in sl)
+    # three 1.6 h cells take 3.2 h on two workers: never one slice
+    assert not any(s["cells"] == 3 and "dataset=sports" in s["overrides"] for s in sl)
+    # yelp's two layers are not packed with a backbone of another layer set; every slice's product is its cells
+    for s in sl:
+        n = 1
+        for o in s["overrides"]:
+            if o.split("=")[0] in ("model", "layer"):
+                n *= len(o.split("=")[1].split(","))
+        assert n == s["cells"], s
+
+
+def test_a_backbone_without_reference_epochs_is_named():
+    cost = _cost()
+    timed = _timed([("sports", "hstu", "standard", 10.0)])
+    with pytest.raises(SystemExit, match="no finished hstu cell"):
+        cost.project(timed, [0], {("sasrec", "standard"): 10.0})
+    nan = _timed([("sports", "sasrec", "standard", float("nan"))])
+    with pytest.raises(SystemExit, match="timed no epoch"):
+        cost.project(nan, [0], {("sasrec", "standard"): 10.0})

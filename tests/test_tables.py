@@ -232,8 +232,9 @@ def test_every_layer_is_compared_with_standard_side_by_side(runs, tmp_path):
     assert len(overall) == 1  # one row per (dataset, model, tag), the layers side by side
     comp = pd.read_csv(tmp_path / "t" / "comparisons.csv")
     both = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")]
-    assert sorted(both["layer"]) == ["bft", "bft_h"]  # the Holm family holds both comparisons
-    assert np.allclose(both["p_holm"], mt.holm(list(both["p"])))
+    assert sorted(both["layer"]) == ["bft", "bft_h"]
+    # one Holm family per layer: with one comparison each, adjusted p = raw p (bft_h leaves bft's p alone)
+    assert np.allclose(both["p_holm"].astype(float), both["p"].astype(float))
     mech = (tmp_path / "t" / "mechanism.md").read_text()
     assert "K bft_h" in mech and "λ0 bft_h" in mech and "K at init bft_h" in mech
 

@@ -32,6 +32,27 @@ def test_rows_baseline_first_best_marked_and_p(tagged):
     assert df.set_index("tag").loc["lossA", "p NDCG@10"] == ""  # no test of the baseline against itself
 
 
+def test_duplicate_seed_refused_and_group_without_baseline_kept(tagged, tmp_path):
+    import shutil
+
+    mvt = load_script("make_variant_table")
+    root = tmp_path / "runs"
+    shutil.copytree(tagged / "runs", root)
+    shutil.copytree(root / "lossB" / "seed0", root / "lossB" / "seed0_again")
+    with pytest.raises(SystemExit, match="two runs of .*lossB seed 0"):
+        mvt.main(["--runs", str(root), "--baseline", "lossA", "--out", str(tmp_path / "t")])
+    shutil.rmtree(root / "lossB" / "seed0_again")
+    other = root / "other" / "seed0"  # another dataset whose baseline has not run yet
+    shutil.copytree(root / "lossB" / "seed0", other)
+    m = json.loads((other / "metrics.json").read_text())
+    m["dataset"] = "elsewhere"
+    (other / "metrics.json").write_text(json.dumps(m))
+    mvt.main(["--runs", str(root), "--baseline", "lossA", "--out", str(tmp_path / "t")])
+    df = __import__("pandas").read_csv(tmp_path / "t" / "variants.csv", keep_default_na=False)
+    row = df[df["dataset"] == "elsewhere"].iloc[0]
+    assert row["valid vs baseline"] == "–" and row["p NDCG@10"] == ""
+
+
 def test_unknown_baseline_is_refused_naming_the_tags(tagged):
     mvt = load_script("make_variant_table")
     with pytest.raises(SystemExit, match="no runs tagged 'lossC' .*lossA, lossB"):
