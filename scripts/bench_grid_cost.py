@@ -38,6 +38,7 @@ import torch
 import yaml
 
 from bftrec.grid import sweep_axes
+from bftrec.train import device_name
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER_DEFAULTS = REPO / "configs" / "trainer" / "default.yaml"
@@ -248,8 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "grid": args.grid, "out": str(args.out),
-        "device": f"cpu x{os.cpu_count()}", "torch": torch.__version__, "n_jobs": args.n_jobs,
-        "threads": args.threads, "timed_epochs": args.epochs,
+        "device": device_name(torch.device("cpu")), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "n_jobs": args.n_jobs, "threads": args.threads, "timed_epochs": args.epochs,
         "timing_wall_s": [x.attrs["wall_s"] for x in timed],
         "cpu_overrides": ["trainer.device=cpu", f"trainer.num_threads={args.threads}",
                           f"hydra.launcher.n_jobs={args.n_jobs}"],
