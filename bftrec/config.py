@@ -138,16 +138,27 @@ def check_choice(value: str, choices: tuple, key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(choices)}")
 
 
+_LOGGED: set = set()
+
+
+def _log_once(msg: str, *args) -> None:
+    """``log.info`` once per process and message (a table over a grid loads the same legacy layer
+    once per run and per call)."""
+    if (msg, args) not in _LOGGED:
+        _LOGGED.add((msg, args))
+        log.info(msg, *args)
+
+
 def upgrade_legacy_layer(d: dict) -> dict:
     """A stored layer config (run dir ``config.yaml``, checkpoint, metrics.json ``layer_config``) in today's form.
 
     Runs written before ``bft.units`` existed (BFT v1) have a ``bft`` block without ``units``: they
     measured precision in the units of ``h``, so they load as ``bft.units=h`` (their ``tau.scale``,
     e.g. ``embedding``, stays valid). A BFT config stored before ``tau.lr_scale`` existed gets
-    ``tau.lr_scale=1`` (what it did). Logs one info line when either applies. Any other config
-    (``layer=standard``, a v2 run) is returned unchanged (as a copy). Every loading path uses it
-    (``load_run_config``: ``bftrec.evaluate`` re-score and gain replay, ``bftrec.grid.prepare_cell``,
-    ``bftrec.train`` resume). Pure dict logic, no torch: scripts may import it cheaply.
+    ``tau.lr_scale=1`` (what it did). Logs one info line when either applies (once per process and
+    layer name). Any other config (``layer=standard``, a v2 run) is returned unchanged (as a copy).
+    Every loading path uses it (``load_run_config``: ``bftrec.evaluate`` re-score and gain replay,
+    ``bftrec.grid.prepare_cell``, ``bftrec.train`` resume). Pure dict logic, no torch: scripts may import it cheaply.
 
     Args:
         d: the layer config as a dict or DictConfig (``{"name": ..., "tau": {...}, "bft": {...}}``).
@@ -158,13 +169,13 @@ def upgrade_legacy_layer(d: dict) -> dict:
     bft = out.get("bft")
     if isinstance(bft, dict) and "units" not in bft:
         bft["units"] = "h"
-        log.info("layer %r was stored before bft.units existed (BFT v1): loading it as layer.bft.units=h",
-                 out.get("name"))
+        _log_once("layer %r was stored before bft.units existed (BFT v1): loading it as layer.bft.units=h",
+                  out.get("name"))
     tau = out.get("tau")
     if isinstance(bft, dict) and isinstance(tau, dict) and "lr_scale" not in tau:
         tau["lr_scale"] = 1.0  # added later; 1 = what such a run did (τ at the model's learning rate)
-        log.info("layer %r was stored before tau.lr_scale existed: loading it as layer.tau.lr_scale=1.0",
-                 out.get("name"))
+        _log_once("layer %r was stored before tau.lr_scale existed: loading it as layer.tau.lr_scale=1.0",
+                  out.get("name"))
     return out
 
 

@@ -115,9 +115,11 @@ def git(*args: str) -> str:
 
 
 # The checkout as this process imported it (not as it is when a long run ends): commit, and whether
-# tracked files differed from it. Untracked files such as results do not count.
+# tracked files differed from it. Untracked files and results/ (a grid's own ledger.jsonl is tracked
+# and grows while the grid runs) do not count: dirty means the code or configs differed.
 CODE_STATE = {"git_sha": git("rev-parse", "HEAD"),
-              "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+              "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                    ":(top,exclude)results"))}
 
 
 def env_info(device: torch.device, started: float) -> dict:
