@@ -20,6 +20,7 @@ margin over the runner-up. Reads only ``metrics.json``, ``ranks.csv.gz`` and ``h
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import sys
 from pathlib import Path
@@ -100,16 +101,9 @@ def expected_missing(runs: list[dict], grid: Path) -> list[str]:
     keys = [k for k in axes if k not in ("dataset", "model", "layer", "seed")]
     for d in axes.get("dataset", []):
         for s in axes.get("seed", []):
-            for combo in _product([[f"{k}={v}" for v in axes[k]] for k in keys]):
+            for combo in itertools.product(*([f"{k}={v}" for v in axes[k]] for k in keys)):
                 if (d, tuple(combo), int(s)) not in have:
                     out.append(f"{d} {' '.join(combo)} seed {s}")
-    return out
-
-
-def _product(lists: list[list[str]]) -> list[list[str]]:
-    out = [[]]
-    for options in lists:
-        out = [a + [o] for a in out for o in options]
     return out
 
 
