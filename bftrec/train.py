@@ -611,16 +611,28 @@ def one_line(e: BaseException) -> str:
     return e.args[0] if isinstance(e, KeyError) and e.args else str(e)
 
 
-def hydra_error_line(e: Exception) -> str:
+def hydra_error_line(e: Exception, argv: Optional[list[str]] = None) -> str:
     """One line for a config mistake Hydra finds while composing, instead of its multi-line report.
 
     An override of a key the group lacks (``trainer.epoch=3``) names the closest known key; a missing group
-    option (``dataset=sportz``) lists the valid names; anything else keeps Hydra's lines joined.
+    option (``dataset=sportz``) lists the valid names; anything else keeps Hydra's lines joined. With
+    ``trainer.resume=`` in ``argv``, an override of a dataset, model or layer key (``layer.bft.q_init_ratio=0.2``)
+    fails because the command line composes the default groups, not the run's: the line says that a resumed
+    run keeps those settings, instead of a misleading "unknown key".
     """
     from hydra.errors import MissingConfigException, OverrideParseException
 
     cause = e.__cause__  # an override of a key not in the group: OmegaConf's error, with the group's node
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key and cause.parent_node is not None:
+        resume = next((a for a in argv or [] if a.startswith("trainer.resume=")), None)
+        if resume and cause.full_key.split(".")[0] in RESUME_FIXED:
+            item = next((a for a in argv if a.lstrip("+~").startswith(cause.full_key.split(".")[0] + ".")),
+                        cause.full_key)
+            return (f"{resume} keeps the run's dataset, model, layer and seed settings; drop the override "
+                    f"{item!r} (or start a new run without trainer.resume)")
+        if cause.full_key.split(".")[0] == "layer" and cause.parent_node.get("name") == "standard":
+            return (f"unknown key '{cause.full_key}': layer=standard has no BFT settings; select layer=bft "
+                    "(or layer=bft_h) on the command line to set them")
         return str(unknown_key(cause.full_key, cause.parent_node.keys()))
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, name = e.missing_cfg_file.rpartition("/")
@@ -648,7 +660,7 @@ def main() -> None:
     except CellFailed:
         sys.exit(2)
     except CompactHydraException as e:
-        print(f"bftrec-train: error: {hydra_error_line(e)}", file=sys.stderr)
+        print(f"bftrec-train: error: {hydra_error_line(e, sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -20,6 +20,8 @@ CASES = {  # name: overrides of `bftrec-train debug=smoke`
     "layer": ["layer=bfft"],
     "lr": ["trainer.lr=abc"],
     "ks": ["eval.ks=[0]"],
+    "bft_key_on_standard": ["layer.bft.q_init_ratio=0.2"],
+    "bft_key_on_resume": ["trainer.resume=runs/a", "layer.bft.q_init_ratio=0.2"],  # composes layer=standard
 }
 CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
 
@@ -54,6 +56,9 @@ def results(tmp_path_factory):
     ("layer", "layer=bfft: no such config; choose one of bft, bft_h, standard"),
     ("lr", "bad value for trainer.lr: Value 'abc'"),
     ("ks", "eval.ks=[0] is not valid: every cut-off K must be an integer >= 1"),
+    ("bft_key_on_standard", "unknown key 'layer.bft': layer=standard has no BFT settings; select layer=bft"),
+    ("bft_key_on_resume", "trainer.resume=runs/a keeps the run's dataset, model, layer and seed settings; "
+                          "drop the override 'layer.bft.q_init_ratio=0.2'"),
 ])
 def test_config_mistake_is_one_line(results, name, expected):
     r = results[name]
