@@ -539,6 +539,21 @@ def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: f
     log.info("%s\n-> %s", summary.rstrip(), out_dir)
 
 
+NAMED_GROUPS = ("dataset", "model", "layer")  # groups whose ``name`` is a run folder, a cache key or a registry key
+
+
+def check_group_names(cfg: DictConfig, choices) -> None:
+    """Each of ``NAMED_GROUPS`` has ``name`` equal to the stem of the file Hydra chose (``dataset=mysports``
+    must say ``name: mysports``): a copied file that kept its original name would write its runs into the
+    original's folders and share its cache. Raises a one-line ConfigError naming the file and the fix."""
+    for group in NAMED_GROUPS:
+        choice = choices.get(group) if choices else None
+        name = OmegaConf.select(cfg, f"{group}.name")
+        if choice and name is not None and str(name) != str(choice).rsplit("/", 1)[-1]:
+            raise ConfigError(f"{group}={choice}: its file says name: {name}; set name: {str(choice).rsplit('/', 1)[-1]} "
+                              f"in {group}/{choice}.yaml (the name is the run folder and the cache key)")
+
+
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_PKG}", config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -549,6 +564,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
         with one_line_errors("bftrec-train"):
+            check_group_names(cfg, hc.runtime.choices)
             run(cfg, out_dir)
         return
     # Grid cell: one ledger line per cell says what ran where (bftrec.grid). A failed cell raises a
@@ -556,6 +572,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     report: dict = {"status": "failed"}
     started = datetime.now()
     try:
+        check_group_names(cfg, hc.runtime.choices)
         run(cfg, out_dir, report)
     except USER_ERRORS as e:
         report["error"] = one_line(e)

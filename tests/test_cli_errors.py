@@ -6,6 +6,7 @@ Every case is an independent process; they are started together once per module 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -22,7 +23,9 @@ CASES = {  # name: overrides of `bftrec-train debug=smoke`
     "ks": ["eval.ks=[0]"],
     "bft_key_on_standard": ["layer.bft.q_init_ratio=0.2"],
     "bft_key_on_resume": ["trainer.resume=runs/a", "layer.bft.q_init_ratio=0.2"],  # composes layer=standard
+    "copied_dataset": ["dataset=mysynth"],  # a copy of synthetic.yaml that kept name: synthetic
 }
+FLAGS = {"copied_dataset": ["--config-dir", "userconf"]}  # Hydra's flags go before the overrides
 CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
 
 
@@ -30,6 +33,9 @@ CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
 def results(tmp_path_factory):
     """Run every case and one grid whose only cell holds a run of another config; returns name -> process."""
     tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "userconf" / "dataset").mkdir(parents=True)
+    (tmp / "userconf" / "dataset" / "mysynth.yaml").write_text(
+        (Path(CONFIG_DIR) / "dataset" / "synthetic.yaml").read_text())
     grid = ["-m", "experiment=paper/cpu", "debug=smoke", *CELL, "hydra.launcher.n_jobs=1", "trainer.lr=0.01"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # the cell as another config left it
         other = compose("train", overrides=["experiment=paper/cpu", "debug=smoke", *CELL, f"out_root={tmp}"])
@@ -39,7 +45,8 @@ def results(tmp_path_factory):
     (cell / "metrics.json").write_text("{}")
     procs = {name: subprocess.Popen([sys.executable, "-m", "bftrec.train", *args], cwd=tmp, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for name, args in {**{k: ["debug=smoke", f"out_root={tmp / k}", *v] for k, v in CASES.items()},
+             for name, args in {**{k: [*FLAGS.get(k, []), "debug=smoke", f"out_root={tmp / k}", *v]
+                                   for k, v in CASES.items()},
                                 "grid": [*grid, f"out_root={tmp}"]}.items()}
     out = {}
     for name, p in procs.items():
@@ -59,6 +66,7 @@ def results(tmp_path_factory):
     ("bft_key_on_standard", "unknown key 'layer.bft': layer=standard has no BFT settings; select layer=bft"),
     ("bft_key_on_resume", "trainer.resume=runs/a keeps the run's dataset, model, layer and seed settings; "
                           "drop the override 'layer.bft.q_init_ratio=0.2'"),
+    ("copied_dataset", "dataset=mysynth: its file says name: synthetic; set name: mysynth in dataset/mysynth.yaml"),
 ])
 def test_config_mistake_is_one_line(results, name, expected):
     r = results[name]
