@@ -100,6 +100,11 @@ def reference_best_epochs(runs: Path) -> dict:
 LAYER_ORDER = ("standard", "bft", "bft_h")
 
 
+def layer_rank(layer: str) -> int:
+    """Position of a layer in ``LAYER_ORDER`` (an unknown layer sorts last)."""
+    return LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER)
+
+
 def _proxy(best: dict, model: str, layer: str) -> float:
     """Mean best epoch of (model, layer) in the reference; else of the model over its layers there."""
     if (model, layer) in best:
@@ -155,13 +160,12 @@ def slices(cells: pd.DataFrame, first: list[str], n_jobs: int, limit_s: float) -
     first = [d for d in first if d in datasets]
     order = [(d, seeds[0]) for d in datasets] + [(d, s) for d in first for s in seeds[1:]] + \
             [(d, s) for d in datasets if d not in first for s in seeds[1:]]
-    rank = {lay: i for i, lay in enumerate(LAYER_ORDER)}
 
     def layers(g: pd.DataFrame) -> tuple:
-        return tuple(sorted(g["layer"].unique(), key=lambda x: rank.get(x, len(rank))))
+        return tuple(sorted(g["layer"].unique(), key=layer_rank))
 
     def wall(g: pd.DataFrame) -> float:
-        g = g.assign(_m=g["model"].map(models.index), _l=g["layer"].map(lambda x: rank.get(x, len(rank))))
+        g = g.assign(_m=g["model"].map(models.index), _l=g["layer"].map(layer_rank))
         return makespan(list(g.sort_values(["_m", "_l"])["expected_s"]), n_jobs)
 
     out = []
@@ -189,8 +193,7 @@ def slices(cells: pd.DataFrame, first: list[str], n_jobs: int, limit_s: float) -
 
 
 def _slice(g: pd.DataFrame, d: str, s: int, models: list[str], wall, limit_s: float) -> dict:
-    rank = {lay: i for i, lay in enumerate(LAYER_ORDER)}
-    lays = sorted(g["layer"].unique(), key=lambda x: rank.get(x, len(rank)))
+    lays = sorted(g["layer"].unique(), key=layer_rank)
     w = wall(g)
     return {"overrides": [f"dataset={d}", f"model={','.join(models)}", f"seed={s}", f"layer={','.join(lays)}"],
             "cells": int(len(g)), "expected_wall_h": round(w / 3600, 2), "over_limit": bool(w > limit_s)}
