@@ -170,10 +170,13 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     """
     started = time.time()
     overrides = task_overrides(cfg)
+    choices = _hydra_choices()
     cfg = _without_hydra(cfg)
     try:
         if cfg.trainer.get("resume"):
             cfg = resume_config(cfg, overrides)
+        else:
+            check_dataset_name(cfg, choices, overrides)
         g = typed_groups(cfg)
         root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
         check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
@@ -217,6 +220,31 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     return metrics
+
+
+def _hydra_choices() -> dict:
+    """Hydra's group choices of this job (``dataset`` -> ``sports``, ...); empty outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+
+
+def check_dataset_name(cfg: DictConfig, choices: dict, overrides: Optional[list[str]]) -> None:
+    """``dataset.name`` equals the stem of the dataset file Hydra chose (``dataset=mysports`` must say
+    ``name: mysports``): the name picks ``configs/tuned/<name>_<model>.yaml``'s check, the run folders and
+    the table rows, so a copied file that kept its original's name would pass as the original. (Model and
+    layer names are registry keys: a copy keeps the built-in name on purpose.) Raises a one-line
+    ConfigError naming the file, or the command-line override, and the fix."""
+    choice, name = choices.get("dataset"), OmegaConf.select(cfg, "dataset.name")
+    stem = str(choice).rsplit("/", 1)[-1] if choice else None
+    if stem is None or name is None or str(name) == stem:
+        return
+    given = [o for o in overrides or [] if o.lstrip("+~").startswith("dataset.name=")]
+    if given:
+        raise ConfigError(f"{given[-1]} renames dataset={choice}; drop it, or add dataset/{name}.yaml "
+                          f"(with name: {name}) and select dataset={name}")
+    raise ConfigError(f"dataset={choice}: its file says name: {name}; set name: {stem} in dataset/{choice}.yaml "
+                      "(the name selects the tuned config, the run folders and the table rows)")
 
 
 def check_resumed_layer(resume: Optional[str], layer_cfg) -> None:
@@ -539,21 +567,6 @@ def write_outputs(out_dir: Path, metrics: dict, device: torch.device, started: f
     log.info("%s\n-> %s", summary.rstrip(), out_dir)
 
 
-NAMED_GROUPS = ("dataset", "model", "layer")  # groups whose ``name`` is a run folder, a cache key or a registry key
-
-
-def check_group_names(cfg: DictConfig, choices) -> None:
-    """Each of ``NAMED_GROUPS`` has ``name`` equal to the stem of the file Hydra chose (``dataset=mysports``
-    must say ``name: mysports``): a copied file that kept its original name would write its runs into the
-    original's folders and share its cache. Raises a one-line ConfigError naming the file and the fix."""
-    for group in NAMED_GROUPS:
-        choice = choices.get(group) if choices else None
-        name = OmegaConf.select(cfg, f"{group}.name")
-        if choice and name is not None and str(name) != str(choice).rsplit("/", 1)[-1]:
-            raise ConfigError(f"{group}={choice}: its file says name: {name}; set name: {str(choice).rsplit('/', 1)[-1]} "
-                              f"in {group}/{choice}.yaml (the name is the run folder and the cache key)")
-
-
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_PKG}", config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -564,7 +577,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
         with one_line_errors("bftrec-train"):
-            check_group_names(cfg, hc.runtime.choices)
             run(cfg, out_dir)
         return
     # Grid cell: one ledger line per cell says what ran where (bftrec.grid). A failed cell raises a
@@ -572,7 +584,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     report: dict = {"status": "failed"}
     started = datetime.now()
     try:
-        check_group_names(cfg, hc.runtime.choices)
         run(cfg, out_dir, report)
     except USER_ERRORS as e:
         report["error"] = one_line(e)
@@ -641,13 +652,14 @@ def hydra_error_line(e: Exception, argv: Optional[list[str]] = None) -> str:
 
     cause = e.__cause__  # an override of a key not in the group: OmegaConf's error, with the group's node
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key and cause.parent_node is not None:
-        resume = next((a for a in argv or [] if a.startswith("trainer.resume=")), None)
-        if resume and cause.full_key.split(".")[0] in RESUME_FIXED:
-            item = next((a for a in argv if a.lstrip("+~").startswith(cause.full_key.split(".")[0] + ".")),
-                        cause.full_key)
-            return (f"{resume} keeps the run's dataset, model, layer and seed settings; drop the override "
+        key = cause.full_key
+        resume = [a.lstrip("+") for a in argv or [] if a.lstrip("+").startswith("trainer.resume=")]
+        if resume and resume[-1].split("=", 1)[1] not in ("", "null", "None") and key.split(".")[0] in RESUME_FIXED:
+            item = next((a for a in argv if (k := a.lstrip("+~").split("=", 1)[0]) == key
+                         or k.startswith(key + ".")), key)
+            return (f"{resume[-1]} keeps the run's dataset, model, layer and seed settings; drop the override "
                     f"{item!r} (or start a new run without trainer.resume)")
-        if cause.full_key.split(".")[0] == "layer" and cause.parent_node.get("name") == "standard":
+        if key in ("layer.bft", "layer.tau") and cause.parent_node.get("name") == "standard":
             return (f"unknown key '{cause.full_key}': layer=standard has no BFT settings; select layer=bft "
                     "(or layer=bft_h) on the command line to set them")
         return str(unknown_key(cause.full_key, cause.parent_node.keys()))

@@ -3,7 +3,8 @@
     BFTREC_DATA_ROOT=../shared/data python scripts/window_coverage.py \\
         --datasets sports instruments beauty toys yelp ml-1m ml-100k --out results/windows/coverage.json
 
-Per dataset, at the ``model.max_len`` of its tuned SASRec config (``configs/tuned/<dataset>_sasrec.yaml``):
+Per dataset, at the ``model.max_len`` of its tuned SASRec config (``configs/tuned/<dataset>_sasrec.yaml``;
+the SASRec default where that file sets none):
 training targets (``t_1 .. t_{n-1}`` of each user's training part ``s[:-2]``), windows per epoch and
 targets predicted per epoch under ``trainer.train_windows=last`` and ``sliding`` (stride ``max_len``,
 every target once; ``bftrec.data.batches.train_window_bounds``). Where ``last`` already covers nearly
@@ -63,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         tuned = ROOT / "configs" / "tuned" / f"{name}_sasrec.yaml"
         if not tuned.exists():
             ap.error(f"--datasets {name}: no {tuned.relative_to(ROOT)} to take model.max_len from")
-        max_len = yaml.safe_load(tuned.read_text())["model"]["max_len"]
+        max_len = ((yaml.safe_load(tuned.read_text()) or {}).get("model") or {}).get("max_len") or \
+            yaml.safe_load((ROOT / "configs" / "model" / "sasrec.yaml").read_text())["max_len"]  # the default
         result[name] = coverage(load_dataset(dataset_config(name), data_root=args.data_root).offsets, max_len)
         r = result[name]
-        log.info("%s (max_len %d): last predicts %.1f%% of %d training targets, sliding 100%% "
+        log.info("%s (max_len %d): last predicts %.1f%% of %d training targets, sliding %.1f%% "
                  "(%d windows against %d)", name, max_len, 100 * r["last"]["share_of_targets"], r["targets"],
-                 r["sliding"]["windows"], r["last"]["windows"])
+                 100 * r["sliding"]["share_of_targets"], r["sliding"]["windows"], r["last"]["windows"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": "python scripts/window_coverage.py " + " ".join(argv or sys.argv[1:]),
                                     "datasets": result}, indent=1) + "\n")

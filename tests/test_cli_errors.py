@@ -23,9 +23,13 @@ CASES = {  # name: overrides of `bftrec-train debug=smoke`
     "ks": ["eval.ks=[0]"],
     "bft_key_on_standard": ["layer.bft.q_init_ratio=0.2"],
     "bft_key_on_resume": ["trainer.resume=runs/a", "layer.bft.q_init_ratio=0.2"],  # composes layer=standard
+    "resume_typo": ["trainer.resume=runs/a", "dataset.min_user_interactions=3", "dataset.kcor=5"],
+    "layer_typo": ["layer.nmae=x"],  # a typo on layer=standard keeps the did-you-mean hint
     "copied_dataset": ["dataset=mysynth"],  # a copy of synthetic.yaml that kept name: synthetic
+    "renamed_dataset": ["dataset.name=synth_big"],
+    "model_variant": ["model=sasrec_small", "trainer.epochs=1"],  # a copy of sasrec.yaml keeps name: sasrec
 }
-FLAGS = {"copied_dataset": ["--config-dir", "userconf"]}  # Hydra's flags go before the overrides
+FLAGS = {k: ["--config-dir", "userconf"] for k in ("copied_dataset", "model_variant")}  # flags go first
 CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
 
 
@@ -33,9 +37,9 @@ CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
 def results(tmp_path_factory):
     """Run every case and one grid whose only cell holds a run of another config; returns name -> process."""
     tmp = tmp_path_factory.mktemp("cli")
-    (tmp / "userconf" / "dataset").mkdir(parents=True)
-    (tmp / "userconf" / "dataset" / "mysynth.yaml").write_text(
-        (Path(CONFIG_DIR) / "dataset" / "synthetic.yaml").read_text())
+    for group, src, dst in (("dataset", "synthetic", "mysynth"), ("model", "sasrec", "sasrec_small")):
+        (tmp / "userconf" / group).mkdir(parents=True)
+        (tmp / "userconf" / group / f"{dst}.yaml").write_text((Path(CONFIG_DIR) / group / f"{src}.yaml").read_text())
     grid = ["-m", "experiment=paper/cpu", "debug=smoke", *CELL, "hydra.launcher.n_jobs=1", "trainer.lr=0.01"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # the cell as another config left it
         other = compose("train", overrides=["experiment=paper/cpu", "debug=smoke", *CELL, f"out_root={tmp}"])
@@ -66,13 +70,28 @@ def results(tmp_path_factory):
     ("bft_key_on_standard", "unknown key 'layer.bft': layer=standard has no BFT settings; select layer=bft"),
     ("bft_key_on_resume", "trainer.resume=runs/a keeps the run's dataset, model, layer and seed settings; "
                           "drop the override 'layer.bft.q_init_ratio=0.2'"),
+    ("resume_typo", "trainer.resume=runs/a keeps the run's dataset, model, layer and seed settings; "
+                    "drop the override 'dataset.kcor=5'"),
+    ("layer_typo", "unknown key 'layer.nmae'; did you mean layer.name?"),
     ("copied_dataset", "dataset=mysynth: its file says name: synthetic; set name: mysynth in dataset/mysynth.yaml"),
+    ("renamed_dataset", "dataset.name=synth_big renames dataset=synthetic; drop it, or add dataset/synth_big.yaml"),
 ])
 def test_config_mistake_is_one_line(results, name, expected):
     r = results[name]
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith(f"bftrec-train: error: {expected}") and r.stderr.count("\n") == 1, r.stderr
     assert "To append" not in r.stderr and "trainer.select_metric" not in r.stderr  # no wrong hint or key
+
+
+def test_refused_dataset_copy_leaves_failed_not_a_bare_folder(results):
+    runs = list((results["tmp"] / "copied_dataset").glob("*/*/*/*/"))
+    assert len(runs) == 1 and (runs[0] / "FAILED").exists() and not (runs[0] / "metrics.json").exists(), runs
+
+
+def test_a_renamed_model_copy_still_runs(results):
+    """Model and layer names are registry keys: a variant file keeps the built-in name, and that is fine."""
+    r = results["model_variant"]
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_refused_grid_cell_is_its_line_alone(results):

@@ -30,3 +30,10 @@ def test_cli_writes_json_for_a_real_dataset(tmp_path):
     assert wc.main(["--datasets", "ml-100k", "--out", str(out)]) == 0
     r = json.loads(out.read_text())["datasets"]["ml-100k"]
     assert r["users"] == 943 and 0.5 < r["last"]["share_of_targets"] < 0.75  # mean length 106 > max_len 100
+
+
+def test_a_tuned_config_without_max_len_takes_the_model_default(tmp_path):
+    out = tmp_path / "s.json"
+    assert wc.main(["--datasets", "synthetic", "--out", str(out)]) == 0  # synthetic_sasrec.yaml sets no max_len
+    r = json.loads(out.read_text())["datasets"]["synthetic"]
+    assert r["max_len"] == 50 and r["sliding"]["share_of_targets"] == 1.0
