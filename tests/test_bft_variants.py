@@ -37,6 +37,7 @@ from bftrec.models.bert4rec import BERT4RecBlock
 from bftrec.models.bert4rec_bft import BFTBERT4RecBlock
 from bftrec.models.hstu import HSTUBlock
 from bftrec.models.hstu_bft import BFTHSTUBlock
+from bftrec.models.sasrec_bft import BFTSASRecBlock
 from tests.test_bft import bft_cfg, buffers, restore, units_cfg
 
 N_ITEMS, L = 40, 12
@@ -368,10 +369,13 @@ def test_hstu_block_matches_float64_reference(units):
     assert st["n_eff"][0, 0] == 1 and st["n_eff"][1, 2] == 1  # one key: n = 1
 
 
-@pytest.mark.parametrize("variant", ["bert4rec", "hstu"])
+@pytest.mark.parametrize("variant", ["sasrec", "bert4rec", "hstu"])
 def test_valid_query_without_keys_gets_zero_gain(variant):
+    """A valid query that may attend no key: zero gain, zero observation precision, finite gradients."""
     torch.manual_seed(0)
-    if variant == "bert4rec":
+    if variant == "sasrec":
+        block = BFTSASRecBlock(8, 2, 16, 0.0, 0.0, bft_cfg=BFTParams())
+    elif variant == "bert4rec":
         block = BFTBERT4RecBlock(8, 2, 16, 0.0, 0.0, bft_cfg=BFTParams())
     else:
         block = BFTHSTUBlock(8, 2, 0.0, 0.0, 4, "max_len", 0, 0.3, bft_cfg=BFTParams())
@@ -386,6 +390,8 @@ def test_valid_query_without_keys_gets_zero_gain(variant):
     (h2.sum() + lam2.sum()).backward()
     assert torch.isfinite(h2).all() and torch.isfinite(lam2).all() and torch.isfinite(h.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in block.parameters() if p.grad is not None)
+    if variant == "sasrec":  # every SASRec block weight takes part in this forward
+        assert all(p.grad is not None for p in block.parameters())
 
 
 # ------------------------------------------------------------------------------------------ §6, NaN, §5.5
