@@ -536,3 +536,45 @@ def test_hstu_time_bias_is_used() -> None:
     with torch.no_grad():
         assert not torch.allclose(model.score_items(moved)[0, 1:], model.score_items(score)[0, 1:])
         assert math.isfinite(float(model.score_items(moved)[0, 1:].sum()))
+
+
+SASREC_CONVENTIONS = {"post_ln": {"block": "post_ln"}, "no_emb_scale": {"emb_scale": False},
+                      "from_start": {"positions": "from_start"},
+                      "recbole": {"block": "post_ln", "emb_scale": False, "positions": "from_start"}}
+
+
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+@pytest.mark.parametrize("name", SASREC_CONVENTIONS)
+def test_sasrec_conventions_keep_the_contract(name: str, layer: str) -> None:
+    factory = Factory(MODELS.get("sasrec"), layer, **SASREC_CONVENTIONS[name])
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
+                  check_gradients):
+        check(factory)
+
+
+def test_sasrec_conventions_build_what_they_say() -> None:
+    from bftrec.models.bert4rec import BERT4RecBlock
+    from bftrec.models.sasrec import SASRecBlock
+
+    default = Factory(MODELS.get("sasrec"), "standard")().eval()
+    post = Factory(MODELS.get("sasrec"), "standard", block="post_ln")().eval()
+    assert all(type(b) is SASRecBlock for b in default.stack.blocks) and hasattr(default, "final_ln")
+    assert not hasattr(default, "emb_ln")  # the default's parameters are unchanged by the switches
+    assert all(type(b) is BERT4RecBlock for b in post.stack.blocks) and not hasattr(post, "final_ln")
+    # positions: from_end puts the last item at max_len - 1; from_start puts each row's first item at 0
+    seq = torch.tensor([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]])  # (2, 5), left-padded
+    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
+                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+        m = Factory(MODELS.get("sasrec"), "standard", positions=positions, emb_scale=False, max_len=5)().eval()
+        with torch.no_grad():
+            got = m.embed(seq) - m.item_emb(seq)  # (2, 5, D): the position part, 0 on padding
+            ref = m.pos_emb(torch.tensor(want)) * seq.ne(0).unsqueeze(-1)
+        torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
+    scaled = Factory(MODELS.get("sasrec"), "standard")()
+    assert torch.allclose(scaled.item_embedding(seq), scaled.item_emb(seq) * math.sqrt(scaled.cfg.d_model))
+
+
+@pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start")])
+def test_sasrec_convention_errors(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"model.{key}"):
+        Factory(MODELS.get("sasrec"), "standard")(**{key: value})

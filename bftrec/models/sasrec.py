@@ -12,6 +12,15 @@ Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch,
 - Loss is configurable: ``ce`` (full softmax, default), ``bce`` (one uniform negative per position,
   as in the paper, which samples negatives outside the user's history) or ``sampled_softmax``.
 - Embeddings are scaled by sqrt(D) as in the original; initialisation is N(0, 0.02) (BERT-style).
+- Positions count from the end of the window (the most recent item is always position ``max_len - 1``);
+  the original and RecBole count from the first item kept.
+
+The last three are the defaults, and each has a switch for the parity ablation against RecBole's SASRec
+(issue 11; ``configs/sasrec_convention/``): ``model.block=post_ln`` (RecBole and the original
+Transformer: ``LN(item + position)`` then dropout, post-LN blocks ``h = LN(h + drop(Attn(h)))``, no final
+LayerNorm; the block is ``BERT4RecBlock`` under a causal mask, so ``layer=bft`` gets its BFT twin),
+``model.emb_scale=false`` (no sqrt(D) on the item embedding, as RecBole) and
+``model.positions=from_start`` (position 0 = the first item kept, as the original and RecBole).
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from bftrec.config import check_choice
 from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
 
@@ -40,6 +50,13 @@ class SASRecConfig:
     n_negatives: int = 256     # negatives for sampled_softmax (shared by the batch)
     ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
     init_std: float = 0.02     # N(0, init_std) initialisation
+    block: str = "pre_ln"      # pre_ln | post_ln (RecBole/original: embedding LN, post-LN blocks, no final LN)
+    emb_scale: bool = True     # multiply the item embedding by sqrt(D) (the original); RecBole does not
+    positions: str = "from_end"  # from_end: last item = max_len - 1 | from_start: first item kept = 0 (RecBole)
+
+
+BLOCKS = ("pre_ln", "post_ln")
+POSITIONS = ("from_end", "from_start")
 
 
 class SelfAttention(nn.Module):
@@ -108,40 +125,60 @@ class SASRec(SeqRecModel):
     def __init__(self, cfg: SASRecConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()
         check_common(cfg, info.n_items)
+        check_choice(cfg.block, BLOCKS, "model.block")
+        check_choice(cfg.positions, POSITIONS, "model.positions")
         self.cfg, self.n_items = cfg, info.n_items
         D = cfg.d_model
         self.item_emb = nn.Embedding(info.n_items + 1, D, padding_idx=0)
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
+        block = SASRecBlock
+        if cfg.block == "post_ln":
+            from bftrec.models.bert4rec import BERT4RecBlock  # imports this module: not at the top
+
+            block, self.emb_ln = BERT4RecBlock, nn.LayerNorm(D)
         self.stack = build_stack(
-            layer_cfg, SASRecBlock, cfg.n_layers, n_tokens=info.n_items + 1,
+            layer_cfg, block, cfg.n_layers, n_tokens=info.n_items + 1,
             precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts,
                            "pad_id": 0},
             d_model=D, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
             attn_dropout=cfg.attn_dropout)
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
             block.apply(self._init)
-        self.final_ln = nn.LayerNorm(D)
+        if cfg.block == "pre_ln":
+            self.final_ln = nn.LayerNorm(D)
 
     @torch.no_grad()
     def input_variance(self) -> float:
-        """Mean per-coordinate variance of the layer-0 input (item + position embedding) at init."""
-        x = self.item_emb.weight[1:] * math.sqrt(self.cfg.d_model)  # (N, D)
+        """Mean per-coordinate variance of the layer-0 input (item + position embedding) at init;
+        with ``block=post_ln`` of ``LN(item + position)``, each item paired with position ``id mod max_len``."""
+        x = self.item_emb.weight[1:] * (math.sqrt(self.cfg.d_model) if self.cfg.emb_scale else 1.0)  # (N, D)
+        if self.cfg.block == "post_ln":
+            ids = torch.arange(1, self.n_items + 1)
+            return float(self.emb_ln(x + self.pos_emb(ids % self.cfg.max_len)).var(dim=0).mean())
         return float(x.var(dim=0).mean() + self.pos_emb.weight.var(dim=0).mean())
 
     def item_embedding(self, item_seq: torch.Tensor) -> torch.Tensor:
-        """item_seq (B, L) int64 -> (B, L, D) float item embedding ``e_x · sqrt(D)``, no position, no dropout.
+        """item_seq (B, L) int64 -> (B, L, D) float item embedding ``e_x · sqrt(D)`` (``e_x`` with
+        ``emb_scale=false``), no position, no dropout.
 
         What the BFT stack's τ MLP reads (``tau_input``, BFT.md §0: positions add no precision).
         """
-        return self.item_emb(item_seq) * math.sqrt(self.cfg.d_model)
+        x = self.item_emb(item_seq)
+        return x * math.sqrt(self.cfg.d_model) if self.cfg.emb_scale else x
 
     def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
-        """item_seq (B, L) int64 -> (B, L, D), positions counted so the last column is max_len - 1."""
+        """item_seq (B, L) int64, left-padded -> (B, L, D). ``positions=from_end``: the last column is
+        position max_len - 1; ``from_start``: each row's first item is position 0."""
         L = item_seq.shape[1]
-        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
-        h = self.item_embedding(item_seq) + self.pos_emb(pos)[None]
+        if self.cfg.positions == "from_end":
+            pos = self.pos_emb(torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device))[None]
+        else:
+            pos = self.pos_emb((item_seq.ne(0).cumsum(1) - 1).clamp(min=0))  # (B, L, D)
+        h = self.item_embedding(item_seq) + pos
+        if self.cfg.block == "post_ln":
+            h = self.emb_ln(h)
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
@@ -150,7 +187,7 @@ class SASRec(SeqRecModel):
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=True)
         h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding)
-        return self.final_ln(h)
+        return self.final_ln(h) if self.cfg.block == "pre_ln" else h
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]."""
