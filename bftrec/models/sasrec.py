@@ -15,8 +15,8 @@ Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch,
 - Positions count from the end of the window (the most recent item is always position ``max_len - 1``);
   the original and RecBole count from the first item kept.
 
-The last three are the defaults, and each has a switch for the parity ablation against RecBole's SASRec
-(issue 11; ``configs/sasrec_convention/``): ``model.block=post_ln`` (RecBole and the original
+The block, the sqrt(D) scaling and the positions are defaults with a switch each, for the parity
+ablation against RecBole's SASRec (issue 11; ``configs/sasrec_convention/``, ``results/sasrec_conventions/``): ``model.block=post_ln`` (RecBole and the original
 Transformer: ``LN(item + position)`` then dropout, post-LN blocks ``h = LN(h + drop(Attn(h)))``, no final
 LayerNorm; the block is ``BERT4RecBlock`` under a causal mask, so ``layer=bft`` gets its BFT twin),
 ``model.emb_scale=false`` (no sqrt(D) on the item embedding, as RecBole) and
@@ -133,13 +133,13 @@ class SASRec(SeqRecModel):
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
-        block = SASRecBlock
+        block_cls = SASRecBlock
         if cfg.block == "post_ln":
             from bftrec.models.bert4rec import BERT4RecBlock  # imports this module: not at the top
 
-            block, self.emb_ln = BERT4RecBlock, nn.LayerNorm(D)
+            block_cls, self.emb_ln = BERT4RecBlock, nn.LayerNorm(D)
         self.stack = build_stack(
-            layer_cfg, block, cfg.n_layers, n_tokens=info.n_items + 1,
+            layer_cfg, block_cls, cfg.n_layers, n_tokens=info.n_items + 1,
             precision_ctx={"input_variance": self.input_variance(), "train_counts": info.train_counts,
                            "pad_id": 0},
             d_model=D, n_heads=cfg.n_heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
