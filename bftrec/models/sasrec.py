@@ -16,7 +16,8 @@ Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch,
   the original and RecBole count from the first item kept.
 
 The block, the sqrt(D) scaling and the positions are defaults with a switch each, for the parity
-ablation against RecBole's SASRec (issue 11; ``configs/sasrec_convention/``, ``results/sasrec_conventions/``): ``model.block=post_ln`` (RecBole and the original
+ablation against RecBole's SASRec (issue 11; ``configs/sasrec_convention/``, ``results/sasrec_conventions/``):
+``model.block=post_ln`` (RecBole and the original
 Transformer: ``LN(item + position)`` then dropout, post-LN blocks ``h = LN(h + drop(Attn(h)))``, no final
 LayerNorm; the block is ``BERT4RecBlock`` under a causal mask, so ``layer=bft`` gets its BFT twin),
 ``model.emb_scale=false`` (no sqrt(D) on the item embedding, as RecBole) and
