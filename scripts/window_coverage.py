@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +49,17 @@ def coverage(offsets: np.ndarray, max_len: int) -> dict:
     return out
 
 
+def composed_max_len(dataset: str) -> int:
+    """``model.max_len`` of ``bftrec-train dataset=<dataset> model=sasrec``: the tuned config over the
+    model's defaults, composed by Hydra as a run composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from bftrec.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return int(compose("train", overrides=[f"dataset={dataset}", "model=sasrec"]).model.max_len)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", required=True)
@@ -64,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         tuned = ROOT / "configs" / "tuned" / f"{name}_sasrec.yaml"
         if not tuned.exists():
             ap.error(f"--datasets {name}: no {tuned.relative_to(ROOT)} to take model.max_len from")
-        max_len = ((yaml.safe_load(tuned.read_text()) or {}).get("model") or {}).get("max_len") or \
-            yaml.safe_load((ROOT / "configs" / "model" / "sasrec.yaml").read_text())["max_len"]  # the default
+        max_len = composed_max_len(name)
         result[name] = coverage(load_dataset(dataset_config(name), data_root=args.data_root).offsets, max_len)
         r = result[name]
         log.info("%s (max_len %d): last predicts %.1f%% of %d training targets, sliding %.1f%% "
