@@ -239,7 +239,7 @@ def check_dataset_name(cfg: DictConfig, choices: dict, overrides: Optional[list[
     stem = str(choice).rsplit("/", 1)[-1] if choice else None
     if stem is None or name is None or str(name) == stem:
         return
-    given = [o for o in overrides or [] if o.lstrip("+~").startswith("dataset.name=")]
+    given = [o for o in overrides or [] if override_key(o) == "dataset.name"]
     if given:
         raise ConfigError(f"{given[-1]} renames dataset={choice}; drop it, or add dataset/{name}.yaml "
                           f"(with name: {name}) and select dataset={name}")
@@ -390,6 +390,11 @@ def _without_hydra(cfg: DictConfig) -> DictConfig:
 RESUME_FIXED = ("dataset", "model", "layer", "seed")  # what a resumed run takes from its run directory
 
 
+def override_key(item: str) -> str:
+    """The key of a command-line override: ``+trainer.epochs=5`` -> ``trainer.epochs``, ``~tag`` -> ``tag``."""
+    return item.lstrip("+~").split("=", 1)[0]
+
+
 def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig:
     """The config of ``trainer.resume=<run_dir>``: ``<run_dir>/config.yaml`` with the command line's
     overrides on top (e.g. ``trainer.epochs=50``, ``data_root``).
@@ -418,8 +423,7 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
         return cfg
     what = ", ".join(f"{k}={saved[k].name if k != 'seed' else saved[k]}" for k in RESUME_FIXED)
     for item in overrides or []:
-        key = item.lstrip("+~").split("=", 1)[0]
-        head = key.split(".")[0].split("@")[0]
+        head = override_key(item).split(".")[0].split("@")[0]
         if head in RESUME_FIXED or head in ("debug", "experiment", "tuned"):
             raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}; drop the override {item!r} "
                               "(or start a new run without trainer.resume)")
@@ -432,7 +436,7 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
             if OmegaConf.select(cfg, key) is not None or key in ("trainer.resume",):
                 OmegaConf.update(out, key, OmegaConf.select(cfg, key), force_add=True)
         for item in overrides:
-            key = item.lstrip("+~").split("=", 1)[0]
+            key = override_key(item)
             if key in ("trainer", "eval"):  # a group choice: that whole group
                 out[key] = cfg[key]
             elif "." in key or key in cfg:
@@ -653,16 +657,16 @@ def hydra_error_line(e: Exception, argv: Optional[list[str]] = None) -> str:
     cause = e.__cause__  # an override of a key not in the group: OmegaConf's error, with the group's node
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key and cause.parent_node is not None:
         key = cause.full_key
-        resume = [a.lstrip("+") for a in argv or [] if a.lstrip("+").startswith("trainer.resume=")]
+        resume = [a.lstrip("+") for a in argv or [] if override_key(a) == "trainer.resume" and "=" in a
+                  and not a.startswith("~")]
         if resume and resume[-1].split("=", 1)[1] not in ("", "null", "None") and key.split(".")[0] in RESUME_FIXED:
-            item = next((a for a in argv if (k := a.lstrip("+~").split("=", 1)[0]) == key
-                         or k.startswith(key + ".")), key)
+            item = next((a for a in argv if override_key(a) == key or override_key(a).startswith(key + ".")), key)
             return (f"{resume[-1]} keeps the run's dataset, model, layer and seed settings; drop the override "
                     f"{item!r} (or start a new run without trainer.resume)")
         if key in ("layer.bft", "layer.tau") and cause.parent_node.get("name") == "standard":
-            return (f"unknown key '{cause.full_key}': layer=standard has no BFT settings; select layer=bft "
+            return (f"unknown key '{key}': layer=standard has no BFT settings; select layer=bft "
                     "(or layer=bft_h) on the command line to set them")
-        return str(unknown_key(cause.full_key, cause.parent_node.keys()))
+        return str(unknown_key(key, cause.parent_node.keys()))
     if isinstance(e, MissingConfigException) and e.options is not None and e.missing_cfg_file:
         group, _, name = e.missing_cfg_file.rpartition("/")
         return (f"{group}={name}: no such config; choose one of {', '.join(e.options)} "
