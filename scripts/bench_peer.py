@@ -2,6 +2,7 @@
 
     pip install -e '.[peer]'      # RecBole 1.2.1: an optional extra, never needed by bftrec or CI
     python scripts/bench_peer.py --datasets ml-100k sports --epochs 200 --out results/bench/peer_cpu.json
+    python scripts/bench_peer.py --datasets ml-100k sports --eval-speed 7   # validation users/s only
 
 Same data, split and order: bftrec's preprocessed sequences (``bftrec.data.datasets.load_dataset``)
 are exported to RecBole atomic files (``<user>.inter``: ``user_id``, ``item_id``, and ``timestamp`` =
@@ -74,7 +75,7 @@ from bftrec.layers import LAYER_CONFIGS
 from bftrec.metrics import summarize
 from bftrec.models import DataInfo
 from bftrec.models.sasrec import SASRec, SASRecConfig
-from bftrec.train import cpu_name
+from bftrec.train import CODE_STATE, cpu_name
 from bftrec.trainer import fit, seed_everything
 
 REPO = Path(__file__).resolve().parent.parent
@@ -244,6 +245,14 @@ class Bftrec:
         return {"loss": row["loss"], "train_s": row["train_seconds"], "eval_s": row["eval_seconds"],
                 "native_valid": {"HR@10": row["valid_HR@10"], "NDCG@10": row["valid_NDCG@10"]}}
 
+    def validate(self) -> dict:
+        """bftrec's native validation, as ``fit`` runs it after an epoch: full ranking, history masked."""
+        table = rank_users(self.model, self.data.items, self.data.offsets, self.data.timestamps, "valid",
+                           self.data.n_items, self.hp["max_len"], self.data.train_counts(),
+                           EvalConfig(ks=[10], mechanism=False), torch.device("cpu"))
+        m = summarize(table["rank"].to_numpy(), (10,))
+        return {"HR@10": m["HR@10"], "NDCG@10": m["NDCG@10"]}
+
     def scorer(self) -> nn.Module:
         return self.model
 
@@ -295,12 +304,17 @@ class Peer:
         t0 = time.perf_counter()
         loss = self.trainer._train_epoch(self.train_data, self.epoch, show_progress=False)
         t1 = time.perf_counter()
-        valid = self.trainer.evaluate(self.valid_data, load_best_model=False)
+        valid = self.validate()
         t2 = time.perf_counter()
         self.rng = torch.get_rng_state()
         self.epoch += 1
         return {"loss": float(loss) / max(len(self.train_data), 1), "train_s": t1 - t0, "eval_s": t2 - t1,
-                "native_valid": {"HR@10": float(valid["hit@10"]), "NDCG@10": float(valid["ndcg@10"])}}
+                "native_valid": valid}
+
+    def validate(self) -> dict:
+        """RecBole's native validation (``Trainer.evaluate``: full ranking, history not masked)."""
+        valid = self.trainer.evaluate(self.valid_data, load_best_model=False)
+        return {"HR@10": float(valid["hit@10"]), "NDCG@10": float(valid["ndcg@10"])}
 
     def native_test(self) -> dict:
         res = self.trainer.evaluate(self.test_data, load_best_model=False)
@@ -387,6 +401,30 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
     return out
 
 
+def eval_speed(rb: SimpleNamespace, dataset: str, seed: int, hp: dict, reps: int, eval_batch_size: int) -> dict:
+    """Full-ranking validation users/s of both frameworks, untrained (the cost of a forward does not depend
+    on the weights): one untimed warm-up each, then ``reps`` timed validations each, interleaved, the order
+    alternating. Each framework validates natively (as after every epoch of a run) over its own users."""
+    data = load_dataset(dataset_config(dataset))
+    with tempfile.TemporaryDirectory() as tmp:
+        fw = {"bftrec": Bftrec(data, hp, seed, "window", Path(tmp) / "bftrec"),
+              "recbole": Peer(rb, data, hp, seed, "window", Path(tmp) / "recbole", eval_batch_size)}
+        for f in fw.values():
+            f.model.eval()
+            f.validate()  # warm-up
+        seconds = {k: [] for k in fw}
+        for rep in range(reps):
+            for k in list(fw) if rep % 2 == 0 else list(fw)[::-1]:
+                t0 = time.perf_counter()
+                fw[k].validate()
+                seconds[k].append(time.perf_counter() - t0)
+        out = {k: {"valid_users": fw[k].valid_users, "seconds": seconds[k],
+                   "users_per_s_median": fw[k].valid_users / float(np.median(seconds[k]))} for k in fw}
+    ratio = out["bftrec"]["users_per_s_median"] / out["recbole"]["users_per_s_median"]
+    return {**out, "bftrec_over_recbole": ratio, "eval_users_per_s_at_least_3x": ratio >= 3,
+            "data": {"users": data.n_users, "items": data.n_items, "interactions": int(len(data.items))}}
+
+
 # --------------------------------------------------------------------------- summary
 
 
@@ -424,8 +462,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hp", nargs="*", default=[], help="hyperparameter overrides, e.g. max_len=50 batch_size=128")
     ap.add_argument("--eval-batch-size", type=int, default=1024, help="users per scoring chunk, both frameworks")
     ap.add_argument("--trial", action="store_true", help="mark the JSON as a trial (small budget)")
-    ap.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "peer_cpu.json")
+    ap.add_argument("--eval-speed", type=int, metavar="REPS", default=0,
+                    help="no training: time REPS full-ranking validations per framework, interleaved "
+                         "(default out: results/bench/peer_eval_cpu.json)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON to write (default results/bench/peer_cpu.json)")
     args = ap.parse_args(argv)
+    if args.eval_speed < 0:
+        ap.error(f"--eval-speed {args.eval_speed} must be >= 0 (0 = train and compare)")
+    if args.out is None:
+        args.out = REPO / "results" / "bench" / ("peer_eval_cpu.json" if args.eval_speed else "peer_cpu.json")
     rb = import_recbole()  # first: without RecBole, fail in one line before any data is read
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", force=True)
     for name in ("bench_peer", "bftrec"):  # RecBole logs to the root logger: only its warnings show
@@ -437,13 +482,25 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.now().isoformat(timespec="seconds"), "trial": args.trial,
         "budget": {"max_epochs": args.epochs, "patience": args.patience, "seeds": seeds, "threads": 1,
                    "targets": args.targets},
-        "device": cpu_name(), "torch": torch.__version__, "numpy": np.__version__, "recbole": rb.version,
+        "bftrec_code": CODE_STATE, "device": cpu_name(), "torch": torch.__version__, "numpy": np.__version__,
+        "recbole": rb.version,
         "recbole_anomaly_mode": {"on_after_import": rb.anomaly_at_import, "on_during_runs": torch.is_anomaly_enabled()},
         "conventions": {"masked": "history items are not candidates (bftrec default)",
                         "unmasked": "only padding excluded (RecBole for sequential models)",
                         "rule": "selection and test under the same convention; never compared across"},
         "datasets": {},
     }
+    if args.eval_speed:
+        result["budget"] = {"reps": args.eval_speed, "seeds": seeds[:1], "threads": 1, "training": "none"}
+        for name in args.datasets:
+            hp = hyperparameters(name, args.hp)
+            result["datasets"][name] = {"hyperparameters": {**hp, "loss": "ce"},
+                                        **eval_speed(rb, name, seeds[0], hp, args.eval_speed, args.eval_batch_size)}
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({n: {k: d[k] for k in ("bftrec_over_recbole", "eval_users_per_s_at_least_3x")}
+                          for n, d in result["datasets"].items()}, indent=2))
+        return
     for name in args.datasets:
         hp = hyperparameters(name, args.hp)
         runs = [run_pair(rb, name, s, args.epochs, args.patience, hp, args.targets, args.eval_batch_size)

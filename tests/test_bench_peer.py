@@ -104,3 +104,43 @@ def test_ratio_and_quality_summary_over_seeds():
     q = out["quality"]["masked"]
     assert np.isclose(q["difference"], -0.01) and np.isclose(q["seed_noise_2se"], 2 * np.sqrt(2e-4 / 2 + 2e-4 / 2))
     assert q["within_seed_noise"] is True
+
+
+def test_eval_speed_times_both_frameworks_interleaved(monkeypatch, data):
+    """--eval-speed: a warm-up plus REPS timed native validations per framework, the order alternating;
+    the ratio is bftrec's median users/s over RecBole's (a stand-in peer here: RecBole is optional)."""
+    bench = load_script("bench_peer")
+    calls = []
+
+    class FakePeer:
+        def __init__(self, rb, data, hp, seed, targets, workdir, eval_batch_size):
+            self.model, self.valid_users = torch.nn.Linear(1, 1), 40
+
+        def validate(self):
+            calls.append("recbole")
+            return {"HR@10": 0.0, "NDCG@10": 0.0}
+
+    real = bench.Bftrec.validate
+
+    def validate(self):
+        calls.append("bftrec")
+        return real(self)
+
+    monkeypatch.setattr(bench, "Peer", FakePeer)
+    monkeypatch.setattr(bench.Bftrec, "validate", validate)
+    monkeypatch.setattr(bench, "load_dataset", lambda cfg: data)
+    hp = {**bench.hyperparameters("synthetic", []), "max_len": L}
+    out = bench.eval_speed(None, "synthetic", 0, hp, reps=3, eval_batch_size=64)
+    assert calls == ["bftrec", "recbole"] + ["bftrec", "recbole", "recbole", "bftrec", "bftrec", "recbole"]
+    assert len(out["bftrec"]["seconds"]) == len(out["recbole"]["seconds"]) == 3
+    assert out["bftrec"]["valid_users"] == data.n_users and out["recbole"]["valid_users"] == 40
+    want = out["bftrec"]["users_per_s_median"] / out["recbole"]["users_per_s_median"]
+    assert out["bftrec_over_recbole"] == pytest.approx(want)
+    assert out["eval_users_per_s_at_least_3x"] == (want >= 3)
+
+
+def test_eval_speed_rejects_negative_reps(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # before RecBole's import: the same line with or without it
+        load_script("bench_peer").main(["--eval-speed", "-2", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2 and "--eval-speed -2 must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

@@ -292,9 +292,27 @@ def check_state_dict_round_trip(factory: Callable) -> None:
         assert torch.equal(other.score_items(score), model.score_items(score))
 
 
+def check_scoring_shortcut(factory: Callable) -> None:
+    """``score_items`` (the last block computes the last position only, ``Stack(last_only=True)``)
+    equals scoring from the whole (B, L, D) encoding, in eval mode, to float32 rounding."""
+    _, score = batches()
+    model = factory(seed=0).eval()
+    with torch.no_grad():
+        fast = model.score_items(score)
+        if not hasattr(model, "stack"):
+            return  # a backbone without a Stack has no shortcut: nothing to compare
+        stack_forward = model.stack.forward
+        model.stack.forward = lambda *a, last_only=False, **k: stack_forward(*a, **k)  # every position
+        try:
+            full = model.score_items(score)
+        finally:
+            del model.stack.forward
+    torch.testing.assert_close(fast, full, atol=ATOL, rtol=ATOL)
+
+
 CHECKS = [check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
           check_batch_independence, check_trim_invariance, check_gradients, check_determinism, check_overfit,
-          check_state_dict_round_trip]
+          check_state_dict_round_trip, check_scoring_shortcut]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
@@ -548,7 +566,7 @@ SASREC_CONVENTIONS = {"post_ln": {"block": "post_ln"}, "no_emb_scale": {"emb_sca
 def test_sasrec_conventions_keep_the_contract(name: str, layer: str) -> None:
     factory = Factory(MODELS.get("sasrec"), layer, **SASREC_CONVENTIONS[name])
     for check in (check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
-                  check_gradients):
+                  check_gradients, check_scoring_shortcut):
         check(factory)
 
 
@@ -578,3 +596,23 @@ def test_sasrec_conventions_build_what_they_say() -> None:
 def test_sasrec_convention_errors(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"model.{key}"):
         Factory(MODELS.get("sasrec"), "standard")(**{key: value})
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_self_attention_eval_path_matches_the_reference(last_only: bool) -> None:
+    """Eval mode (torch's fused attention) equals the training path (masked_softmax, dropout 0) to 1e-6,
+    with an all-padding row and left-padded rows (queries with no allowed key give 0, not NaN)."""
+    from bftrec.layers import build_masks
+    from bftrec.models.sasrec import SelfAttention
+
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 2, attn_dropout=0.0)
+    items = torch.tensor([[0, 0, 0, 0, 0, 0], [0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])  # (3, 6)
+    x = torch.randn(3, 6, 16)
+    for causal in (True, False):
+        masks = build_masks(items, causal=causal)
+        with torch.no_grad():
+            ref = attn.train()(x, masks, last_only)
+            got = attn.eval()(x, masks, last_only)
+        assert got.shape == (3, 1 if last_only else 6, 16) and torch.isfinite(got).all()
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)

@@ -67,6 +67,11 @@ class Stack(nn.Module):
     ``items`` is unused here; the BFT stack reads it for the initial precision τ. ``mech`` and the
     context key ``tau_input`` (the item embedding for BFT's τ MLP) are accepted for interface parity and
     left untouched (no BFT mechanism in a standard stack); the other ``ctx`` keys go to every block.
+
+    ``last_only=True`` (scoring: only the last position is ranked) is handed to the last block alone,
+    which may then return (B, 1, D) instead of (B, L, D); the built-in blocks do, so the last block
+    computes one query instead of L. A block without the option ignores it through ``**ctx``, and
+    callers take ``[:, -1]`` either way. The BFT stack always returns (B, L, D).
     """
 
     def __init__(self, blocks: list[nn.Module]) -> None:
@@ -74,10 +79,13 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(blocks)
 
     def forward(self, h: torch.Tensor, items: torch.Tensor, masks: Masks,
-                mech: Optional[dict] = None, **ctx) -> torch.Tensor:
+                mech: Optional[dict] = None, last_only: bool = False, **ctx) -> torch.Tensor:
         ctx.pop("tau_input", None)
-        for block in self.blocks:
-            h = block(h, masks, **ctx)
+        for i, block in enumerate(self.blocks):
+            if last_only and i == len(self.blocks) - 1:
+                h = block(h, masks, last_only=True, **ctx)  # (B, L, D) -> (B, 1, D)
+            else:
+                h = block(h, masks, **ctx)
         return h
 
 

@@ -515,8 +515,11 @@ class BFTStack(nn.Module):
         return lam0.expand(len(rows), self.width)  # (n, dims) -> (n, D)
 
     def forward(self, h: torch.Tensor, items: torch.Tensor, masks: Masks, mech: Optional[dict] = None,
-                **ctx) -> torch.Tensor:
-        """h (B, L, D), items (B, L) int64, masks -> h (B, L, D). Fills ``mech`` when it is a dict."""
+                last_only: bool = False, **ctx) -> torch.Tensor:
+        """h (B, L, D), items (B, L) int64, masks -> h (B, L, D). Fills ``mech`` when it is a dict.
+
+        ``last_only`` (``Stack``'s scoring shortcut) is accepted and ignored: every position is returned.
+        """
         return self.run(h, items, masks, mech=mech, need_lam=mech is not None, **ctx)[0]
 
     def forward_with_precision(self, h: torch.Tensor, items: torch.Tensor, masks: Masks,

@@ -111,9 +111,11 @@ class BERT4RecBlock(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, masks: Masks, **ctx) -> torch.Tensor:
-        """h (B, L, D) float -> (B, L, D); ``ctx`` (e.g. ``time``) is unused."""
-        h = self.ln1(h + self.drop(self.attn(h, masks)))
+    def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
+        """h (B, L, D) float -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``;
+        ``ctx`` (e.g. ``time``) is unused."""
+        a = self.attn(h, masks, last_only)  # (B, L or 1, D)
+        h = self.ln1((h[:, -1:] if last_only else h) + self.drop(a))
         return self.ln2(h + self.drop(self.ffn(h)))
 
 
@@ -185,7 +187,7 @@ class BERT4Rec(SeqRecModel):
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
-               mech: Optional[dict] = None) -> torch.Tensor:
+               mech: Optional[dict] = None, last_only: bool = False) -> torch.Tensor:
         """Bidirectional encoding.
 
         Args:
@@ -193,12 +195,14 @@ class BERT4Rec(SeqRecModel):
                 ``max_len`` columns are used.
             timestamps: ignored.
             mech: optional dict the BFT stack fills with mechanism statistics.
+            last_only: the last block may return the last position alone (``Stack``), L' = 1.
         Returns:
             (B, L', D) float hidden states after the last block, L' = min(L, max_len).
         """
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=False)
-        return self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_emb)
+        return self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_emb,
+                          last_only=last_only)
 
     def cloze(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the cloze masks from torch's global RNG.
@@ -250,7 +254,7 @@ class BERT4Rec(SeqRecModel):
 
         [MASK] (N + 1) is never a candidate: its column is not returned.
         """
-        h = self.head(self.encode(self.scoring_input(batch["item_seq"]))[:, -1])  # (B, D)
+        h = self.head(self.encode(self.scoring_input(batch["item_seq"]), last_only=True)[:, -1])  # (B, D)
         return full_scores(h, self.item_emb.weight, self.n_items, bias=self.out_bias)
 
     def mechanism(self, batch: dict) -> dict:

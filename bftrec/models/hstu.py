@@ -160,22 +160,26 @@ class PointwiseAttention(nn.Module):
 
         A query with no allowed key (left padding) gets an all-zero row, never NaN.
         """
-        T = q.shape[2]
-        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device).to(q.dtype)  # (B, H, T, T)
+        T, Tq = k.shape[2], q.shape[2]  # queries are the last Tq positions (Tq < T: ``last_only``)
+        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device)[..., T - Tq:, :].to(q.dtype)  # (B, H, Tq, T)
         if self.attn_norm == "valid":
             n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, T, 1)
         else:
             n = float(self.max_len)
         return (F.silu(s) / n).masked_fill(~masks.attn, 0.0)
 
-    def forward(self, x: torch.Tensor, masks: Masks,
-                time: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> m (B, T, D) attention output (heads concatenated) and gate u (B, T, D)."""
+    def forward(self, x: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> m (B, T', D) attention output (heads concatenated) and gate u (B, T', D);
+        T' = T, or 1 with ``last_only`` (only the last position queries; keys and values are all T)."""
         u, q, k, v = self.project(x)
-        w = self.weights(q, k, masks, time)  # (B, H, T, T)
-        m = self.attn_drop(w) @ v  # (B, H, T, d)
+        if last_only:
+            u, q = u[:, -1:], q[:, :, -1:]  # (B, 1, D), (B, H, 1, d)
+            masks = Masks(attn=masks.attn[:, :, -1:], valid=masks.valid)  # (B, 1, 1, T)
+        w = self.weights(q, k, masks, time)  # (B, H, T', T)
+        m = self.attn_drop(w) @ v  # (B, H, T', d)
         B, H, T, d = m.shape
-        return m.transpose(1, 2).reshape(B, T, H * d), u  # (B, H, T, d) -> (B, T, D)
+        return m.transpose(1, 2).reshape(B, T, H * d), u  # (B, H, T', d) -> (B, T', D)
 
 
 class HSTUBlock(nn.Module):
@@ -198,10 +202,12 @@ class HSTUBlock(nn.Module):
         nn.init.xavier_uniform_(self.f2.weight)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None, **ctx) -> torch.Tensor:
-        """h (B, L, D) float, masks.attn (B, 1, L, L) causal & key-valid -> (B, L, D)."""
-        m, u = self.attn(self.ln1(h), masks, time)
-        return h + self.f2(self.drop(self.ln2(m) * u))
+    def forward(self, h: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None,
+                last_only: bool = False, **ctx) -> torch.Tensor:
+        """h (B, L, D) float, masks.attn (B, 1, L, L) causal & key-valid -> (B, L, D), or (B, 1, D) for
+        the last position only with ``last_only``."""
+        m, u = self.attn(self.ln1(h), masks, time, last_only)
+        return (h[:, -1:] if last_only else h) + self.f2(self.drop(self.ln2(m) * u))
 
 
 @MODELS.register("hstu")
@@ -270,7 +276,7 @@ class HSTU(SeqRecModel):
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
-               mech: Optional[dict] = None) -> torch.Tensor:
+               mech: Optional[dict] = None, last_only: bool = False) -> torch.Tensor:
         """Causal encoding.
 
         Args:
@@ -278,6 +284,7 @@ class HSTU(SeqRecModel):
             timestamps: (B, L) int64 unix seconds (any value on padding); required when
                 ``time_bias=true``, ignored otherwise.
             mech: optional dict the BFT stack fills with mechanism statistics.
+            last_only: the last block may return the last position alone (``Stack``), L' = 1.
         Returns:
             (B, L', D) float, L2-normalised per position (0 stays 0), L' = min(L, max_len).
         Raises:
@@ -288,7 +295,8 @@ class HSTU(SeqRecModel):
         if self.cfg.time_bias and time is None:
             raise ValueError("hstu with model.time_bias=true needs timestamps (batch['time'])")
         masks = build_masks(item_seq, causal=True)
-        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, time=time, tau_input=self.item_embedding)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, time=time, tau_input=self.item_embedding,
+                       last_only=last_only)
         return F.normalize(h, dim=-1, eps=1e-6)
 
     def item_table(self) -> torch.Tensor:
@@ -307,5 +315,5 @@ class HSTU(SeqRecModel):
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf."""
-        h = self.encode(batch["item_seq"], batch.get("time"))[:, -1]  # (B, D)
+        h = self.encode(batch["item_seq"], batch.get("time"), last_only=True)[:, -1]  # (B, D)
         return full_scores(h, self.item_table(), self.n_items)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bftrec.config import check_choice
@@ -80,13 +81,27 @@ class SelfAttention(nn.Module):
         shape = (B, T, self.n_heads, D // self.n_heads)
         return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
 
-    def forward(self, x: torch.Tensor, masks: Masks) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: Masks, last_only: bool = False) -> torch.Tensor:
+        """x (B, T, D) -> (B, T', D): T' = T, or 1 with ``last_only`` (only the last position queries;
+        keys and values are still every position).
+
+        Training uses ``masked_softmax`` and ``nn.Dropout`` (the reference). In eval mode the same
+        attention goes through torch's fused ``scaled_dot_product_attention`` (equal to float32
+        rounding, tests/test_models.py), a query with no allowed key giving 0 as ``masked_softmax``.
+        """
         q, k, v = self.heads(x)
-        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
-        alpha = masked_softmax(logits, masks.attn)
-        m = self.attn_drop(alpha) @ v  # (B, H, T, d)
+        allowed = masks.attn
+        if last_only:
+            q, allowed = q[:, :, -1:], allowed[:, :, -1:]  # (B, H, 1, d), (B, 1, 1, T)
+        if self.training:
+            logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T', T)
+            m = self.attn_drop(masked_softmax(logits, allowed)) @ v  # (B, H, T', d)
+        else:
+            m = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, H, T', d)
+            # torch 2.13's CPU kernel already gives 0 on a row with no allowed key; older kernels give NaN
+            m = torch.where(allowed.any(-1, keepdim=True), m, 0.0)
         B, H, T, d = m.shape
-        return self.out(m.transpose(1, 2).reshape(B, T, H * d))  # (B, T, D)
+        return self.out(m.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T', d) -> (B, T', D)
 
 
 class PointWiseFFN(nn.Module):
@@ -113,8 +128,10 @@ class SASRecBlock(nn.Module):
         self.ffn = PointWiseFFN(d_model, d_ff)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, masks: Masks, **ctx) -> torch.Tensor:
-        h = h + self.drop(self.attn(self.ln1(h), masks))
+    def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
+        """h (B, L, D) -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``."""
+        a = self.attn(self.ln1(h), masks, last_only)  # (B, L or 1, D)
+        h = (h[:, -1:] if last_only else h) + self.drop(a)
         return h + self.drop(self.ffn(self.ln2(h)))
 
 
@@ -183,11 +200,13 @@ class SASRec(SeqRecModel):
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
-               mech: Optional[dict] = None) -> torch.Tensor:
-        """item_seq (B, L) int64, left-padded, L <= max_len -> (B, L, D) hidden states."""
+               mech: Optional[dict] = None, last_only: bool = False) -> torch.Tensor:
+        """item_seq (B, L) int64, left-padded, L <= max_len -> (B, L, D) hidden states; with
+        ``last_only`` the last block may return the last position alone, (B, 1, D) (``Stack``)."""
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=True)
-        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding,
+                       last_only=last_only)
         return self.final_ln(h) if self.cfg.block == "pre_ln" else h
 
     def training_loss(self, batch: dict) -> torch.Tensor:
@@ -201,5 +220,5 @@ class SASRec(SeqRecModel):
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf."""
-        h = self.encode(batch["item_seq"])[:, -1]  # (B, D)
+        h = self.encode(batch["item_seq"], last_only=True)[:, -1]  # (B, D)
         return full_scores(h, self.item_emb.weight, self.n_items)
