@@ -4,7 +4,7 @@
 
 Reads the run's ``config.yaml`` and ``checkpoint.pt``, applies ``key=value`` overrides (eval keys
 such as new strata, other K, ``eval.repeat_target=mask``, ``eval.protocol=sampled100``; also
-``data_root``), scores the test split once and writes ``metrics.json`` and ``ranks.csv.gz`` into a
+``data_root``, ``cache_dir``, ``trainer.device`` and ``trainer.num_threads``), scores the test split once and writes ``metrics.json`` and ``ranks.csv.gz`` into a
 new folder ``<run_dir>/eval_<time>/`` (or ``--out``), never over the run's own files. For BFT runs the
 mechanism statistics (Kalman gain K and λ⁰ by stratum) are recomputed from the checkpoint. A run
 written before ``layer.bft.units`` existed is BFT v1 and re-scores as ``bft.units=h``
@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
 from bftrec.train import (
     build,
+    default_threads,
     evaluate_test,
     fresh_dir,
     one_line_errors,
@@ -44,8 +45,9 @@ from bftrec.trainer import (
 )
 
 log = logging.getLogger("bftrec")
-# besides eval.*: keys that change where data is read or where scoring runs, never what was trained
-RESCORE_KEYS = ("data_root", "cache_dir", "trainer.device")
+# besides eval.*: keys that change where data is read or where and on how many threads scoring runs,
+# never what was trained
+RESCORE_KEYS = ("data_root", "cache_dir", "trainer.device", "trainer.num_threads")
 RECOVER = ("retrain it (bftrec-train with the settings in {run_dir}/config.yaml), or, if {run_dir}/last.pt is "
            "intact, continue it with bftrec-train trainer.resume={run_dir}")
 
@@ -99,6 +101,7 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     g = typed_groups(cfg)
     root, ds, ev, tc = g["root"], g["dataset"], g["eval"], g["trainer"]
     device = resolve_device(tc.device)
+    torch.set_num_threads(tc.num_threads or default_threads())  # as the run did (trainer.num_threads)
     ck = load_checkpoint(run_dir / "checkpoint.pt", device, fix=RECOVER.format(run_dir=run_dir))  # before the data
     with quiet_init():
         data, counts, model = build(g, device)

@@ -128,6 +128,21 @@ def test_bft_run_records_gain_and_replay_matches(tmp_path):
     assert {"per_layer", "by_item_freq", "cold_users", "warm_users"} <= set(m["mechanism"])
 
 
+def test_rescore_takes_a_thread_count_and_gives_the_same_metrics(tmp_path):
+    """trainer.num_threads changes how scoring runs, never what was trained: allowed, recorded, same test."""
+    import torch
+
+    m = run(smoke_cfg(tmp_path), tmp_path / "run")
+    before = torch.get_num_threads()  # the suite runs on one thread (conftest): 2 shows the setting is applied
+    try:
+        re = rescore(tmp_path / "run", ["trainer.num_threads=2"], tmp_path / "re")
+    finally:
+        torch.set_num_threads(before)
+    assert json.loads((tmp_path / "re" / "env.json").read_text())["threads"] == 2
+    for key in ("HR@10", "NDCG@10"):
+        assert re["test"]["overall"][key] == pytest.approx(m["test"]["overall"][key], abs=1e-9)
+
+
 def test_rescore_refuses_training_overrides(tmp_path):
     run(smoke_cfg(tmp_path), tmp_path / "run")
     with pytest.raises(ConfigError, match="cannot override 'dataset.synthetic.seed'"):
