@@ -16,6 +16,7 @@ with increasing unix timestamps.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import math
@@ -292,22 +293,31 @@ def check_state_dict_round_trip(factory: Callable) -> None:
         assert torch.equal(other.score_items(score), model.score_items(score))
 
 
+def _every_position(stack_forward, *args, last_only: bool = False, **kwargs):
+    """A stack's forward with the scoring shortcut switched off: every position is computed."""
+    return stack_forward(*args, **kwargs)
+
+
 def check_scoring_shortcut(factory: Callable) -> None:
-    """``score_items`` (the last block computes the last position only, ``Stack(last_only=True)``)
-    equals scoring from the whole (B, L, D) encoding, in eval mode, to float32 rounding."""
+    """``score_items`` in eval mode (the last block computes the last position only,
+    ``Stack(last_only=True)``) equals scoring from the whole (B, L, D) encoding, to float32 rounding; in
+    training mode it is that same computation, dropout draws included."""
     _, score = batches()
-    model = factory(seed=0).eval()
+    out = {}
     with torch.no_grad():
-        fast = model.score_items(score)
-        if not hasattr(model, "stack"):
-            return  # a backbone without a Stack has no shortcut: nothing to compare
-        stack_forward = model.stack.forward
-        model.stack.forward = lambda *a, last_only=False, **k: stack_forward(*a, **k)  # every position
-        try:
-            full = model.score_items(score)
-        finally:
-            del model.stack.forward
-    torch.testing.assert_close(fast, full, atol=ATOL, rtol=ATOL)
+        for name in ("fast", "full"):
+            model = factory(seed=0)  # one model each: a BFT stack updates its running prior in training mode
+            if not hasattr(model, "stack"):
+                return  # a backbone without a Stack has no shortcut: nothing to compare
+            if name == "full":
+                model.stack.forward = functools.partial(_every_position, model.stack.forward)
+            out[name, "eval"] = model.eval().score_items(score)
+            torch.manual_seed(7)
+            out[name, "train"] = model.train().score_items(score)
+            out[name, "rng"] = torch.rand(3)  # what dropout left of the RNG stream
+    torch.testing.assert_close(out["fast", "eval"], out["full", "eval"], atol=ATOL, rtol=ATOL)
+    assert torch.equal(out["fast", "train"], out["full", "train"])
+    assert torch.equal(out["fast", "rng"], out["full", "rng"])
 
 
 CHECKS = [check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,

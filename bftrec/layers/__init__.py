@@ -9,7 +9,8 @@ same block (``bftrec.layers.bft``): same parameter names and shapes, same mask c
 precision state λ (BFT.md). The standard path computes no precision and pays nothing for BFT.
 
 Block contract (native blocks):
-    ``forward(h: (B, L, D) float, masks: Masks, **ctx) -> (B, L, D)``.
+    ``forward(h: (B, L, D) float, masks: Masks, **ctx) -> (B, L, D)``; optionally ``last_only=True``
+    (scoring, ``Stack``) -> (B, 1, D), the last position only.
 Blocks never build masks; they receive them (``Masks``), with polarity ``True = may attend``.
 """
 from __future__ import annotations

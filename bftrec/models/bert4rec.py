@@ -252,9 +252,10 @@ class BERT4Rec(SeqRecModel):
     def score_items(self, batch: dict) -> torch.Tensor:
         """``batch["item_seq"]`` (B, L) int64 history -> (B, N + 1) float32; column 0 is -inf.
 
-        [MASK] (N + 1) is never a candidate: its column is not returned.
+        [MASK] (N + 1) is never a candidate: its column is not returned. In eval mode the last block
+        computes the [MASK] position only (``Stack``'s ``last_only``).
         """
-        h = self.head(self.encode(self.scoring_input(batch["item_seq"]), last_only=True)[:, -1])  # (B, D)
+        h = self.head(self.encode(self.scoring_input(batch["item_seq"]), last_only=not self.training)[:, -1])  # (B, D)
         return full_scores(h, self.item_emb.weight, self.n_items, bias=self.out_bias)
 
     def mechanism(self, batch: dict) -> dict:

@@ -156,14 +156,16 @@ class PointwiseAttention(nn.Module):
 
     def weights(self, q: torch.Tensor, k: torch.Tensor, masks: Masks,
                 time: Optional[torch.Tensor]) -> torch.Tensor:
-        """Pointwise weights ``SiLU(q kᵀ + rab) / N_t`` -> (B, H, T, T) float, exactly 0 where masked.
+        """Pointwise weights ``SiLU(q kᵀ + rab) / N_t`` -> (B, H, Tq, T) float, exactly 0 where masked.
 
-        A query with no allowed key (left padding) gets an all-zero row, never NaN.
+        q (B, H, Tq, d) holds the last Tq positions' queries (Tq = T, or 1 under ``last_only``), k (B, H, T, d)
+        every key; ``masks.attn`` (B, 1, Tq, T) matches q. A query with no allowed key (left padding) gets
+        an all-zero row, never NaN.
         """
         T, Tq = k.shape[2], q.shape[2]  # queries are the last Tq positions (Tq < T: ``last_only``)
         s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device)[..., T - Tq:, :].to(q.dtype)  # (B, H, Tq, T)
         if self.attn_norm == "valid":
-            n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, T, 1)
+            n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, Tq, 1)
         else:
             n = float(self.max_len)
         return (F.silu(s) / n).masked_fill(~masks.attn, 0.0)
@@ -187,8 +189,9 @@ class HSTUBlock(nn.Module):
 
     Submodules: ``ln1``, ``attn.uvqk``, ``attn.rab.pos_w``, ``attn.rab.time_w``, ``ln2`` (norm of m),
     ``f2`` (output projection: Xavier-uniform weight, PyTorch's default bias, as the reference). LN eps
-    ``LN_EPS``. ``forward(h, masks, time=None)``: ``time`` (B, L) int64 unix seconds, required when the
-    block was built with time buckets. The block initialises itself (the model does not re-init it).
+    ``LN_EPS``. ``forward(h, masks, time=None, last_only=False)``: ``time`` (B, L) int64 unix seconds,
+    required when the block was built with time buckets; ``last_only`` returns the last position alone.
+    The block initialises itself (the model does not re-init it).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, attn_dropout: float, max_len: int,
@@ -314,6 +317,8 @@ class HSTU(SeqRecModel):
                               self.n_items, temperature=self.cfg.temperature, ce_chunk=self.cfg.ce_chunk)
 
     def score_items(self, batch: dict) -> torch.Tensor:
-        """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf."""
-        h = self.encode(batch["item_seq"], batch.get("time"), last_only=True)[:, -1]  # (B, D)
+        """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf.
+
+        In eval mode the last block computes the last position only (``Stack``'s ``last_only``)."""
+        h = self.encode(batch["item_seq"], batch.get("time"), last_only=not self.training)[:, -1]  # (B, D)
         return full_scores(h, self.item_table(), self.n_items)

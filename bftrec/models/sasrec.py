@@ -87,7 +87,7 @@ class SelfAttention(nn.Module):
 
         Training uses ``masked_softmax`` and ``nn.Dropout`` (the reference). In eval mode the same
         attention goes through torch's fused ``scaled_dot_product_attention`` (equal to float32
-        rounding, tests/test_models.py), a query with no allowed key giving 0 as ``masked_softmax``.
+        rounding, tests/test_contract.py), a query with no allowed key giving 0 as ``masked_softmax``.
         """
         q, k, v = self.heads(x)
         allowed = masks.attn
@@ -219,6 +219,9 @@ class SASRec(SeqRecModel):
                               self.n_items, ce_chunk=self.cfg.ce_chunk)
 
     def score_items(self, batch: dict) -> torch.Tensor:
-        """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf."""
-        h = self.encode(batch["item_seq"], last_only=True)[:, -1]  # (B, D)
+        """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf.
+
+        In eval mode the last block computes the last position only (``Stack``'s ``last_only``); in
+        training mode every position, so dropout draws what ``encode`` draws."""
+        h = self.encode(batch["item_seq"], last_only=not self.training)[:, -1]  # (B, D); shortcut in eval only
         return full_scores(h, self.item_emb.weight, self.n_items)
