@@ -6,10 +6,10 @@ Reads the run's ``config.yaml`` and ``checkpoint.pt``, applies ``key=value`` ove
 such as new strata, other K, ``eval.repeat_target=mask``, ``eval.protocol=sampled100``; also
 ``data_root``, ``cache_dir``, ``trainer.device`` and ``trainer.num_threads``), scores the test split
 once and writes ``metrics.json`` and ``ranks.csv.gz`` into a new folder ``<run_dir>/eval_<time>/`` (or
-``--out``), never over the run's own files. For BFT runs the
-mechanism statistics (Kalman gain K and λ⁰ by stratum) are recomputed from the checkpoint. A run
-written before ``layer.bft.units`` existed is BFT v1 and re-scores as ``bft.units=h``
-(``bftrec.config.upgrade_legacy_layer``); the new folder's config.yaml says so.
+``--out``), never over the run's own files. For BFT runs the mechanism statistics (Kalman gain K and
+λ⁰ by stratum) are recomputed from the checkpoint. A run written before ``layer.bft.units`` existed is
+BFT v1 and re-scores as ``bft.units=h`` (``bftrec.config.upgrade_legacy_layer``); the new folder's
+config.yaml says so.
 """
 from __future__ import annotations
 

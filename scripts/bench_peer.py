@@ -247,11 +247,7 @@ class Bftrec:
 
     def validate(self) -> dict:
         """bftrec's native validation, as ``fit`` runs it after an epoch: full ranking, history masked."""
-        table = rank_users(self.model, self.data.items, self.data.offsets, self.data.timestamps, "valid",
-                           self.data.n_items, self.hp["max_len"], self.data.train_counts(),
-                           EvalConfig(ks=[10], mechanism=False), torch.device("cpu"))
-        m = summarize(table["rank"].to_numpy(), (10,))
-        return {"HR@10": m["HR@10"], "NDCG@10": m["NDCG@10"]}
+        return common_metrics(self.model, self.data, "valid", self.hp["max_len"], "masked")
 
     def scorer(self) -> nn.Module:
         return self.model
