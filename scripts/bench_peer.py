@@ -393,7 +393,7 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
         if not out["same_train_targets"]:  # RecBole's LS split leaves out only the test item of a 2-row user
             out["note"] = (f"{int((np.diff(data.offsets) == 3).sum())} users have 3 interactions: RecBole's "
                            "leave-one-out puts their validation item into training and does not validate them")
-        out["_data"] = {"users": data.n_users, "items": data.n_items, "interactions": int(len(data.items))}
+        out["_data"] = data_summary(data)
     return out
 
 
@@ -418,7 +418,7 @@ def eval_speed(rb: SimpleNamespace, dataset: str, seed: int, hp: dict, reps: int
                    "users_per_s_median": fw[k].valid_users / float(np.median(seconds[k]))} for k in fw}
     ratio = out["bftrec"]["users_per_s_median"] / out["recbole"]["users_per_s_median"]
     return {**out, "bftrec_over_recbole": ratio, "eval_users_per_s_at_least_3x": ratio >= 3,
-            "data": {"users": data.n_users, "items": data.n_items, "interactions": int(len(data.items))}}
+            "data": data_summary(data)}
 
 
 # --------------------------------------------------------------------------- summary
@@ -444,6 +444,17 @@ def summarize_runs(runs: list[dict]) -> dict:
     speed = {"train_targets_per_s_at_least_5x": ratio["train_targets_per_s"] >= 5,  # the issue: on Sports, CE
              "eval_users_per_s_at_least_3x": ratio["eval_users_per_s"] >= 3}
     return {"bftrec_over_recbole": ratio, "speed_targets_met": speed, "quality": quality}
+
+
+def write_json(result: dict, out: Path) -> None:
+    """Write ``result`` to ``out``; called after each dataset, so a partial result survives."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def data_summary(data) -> dict:
+    """Users, items and interactions of a loaded dataset, as recorded in the JSON."""
+    return {"users": data.n_users, "items": data.n_items, "interactions": int(len(data.items))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -476,8 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "trial": args.trial,
-        "budget": {"max_epochs": args.epochs, "patience": args.patience, "seeds": seeds, "threads": 1,
-                   "targets": args.targets},
+        "budget": ({"reps": args.eval_speed, "seeds": seeds[:1], "threads": 1, "training": "none"}
+                   if args.eval_speed else {"max_epochs": args.epochs, "patience": args.patience, "seeds": seeds,
+                                            "threads": 1, "targets": args.targets}),
         "bftrec_code": CODE_STATE, "device": cpu_name(), "torch": torch.__version__, "numpy": np.__version__,
         "recbole": rb.version,
         "recbole_anomaly_mode": {"on_after_import": rb.anomaly_at_import, "on_during_runs": torch.is_anomaly_enabled()},
@@ -487,13 +499,11 @@ def main(argv: list[str] | None = None) -> None:
         "datasets": {},
     }
     if args.eval_speed:
-        result["budget"] = {"reps": args.eval_speed, "seeds": seeds[:1], "threads": 1, "training": "none"}
         for name in args.datasets:
             hp = hyperparameters(name, args.hp)
             result["datasets"][name] = {"hyperparameters": {**hp, "loss": "ce"},
                                         **eval_speed(rb, name, seeds[0], hp, args.eval_speed, args.eval_batch_size)}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
+            write_json(result, args.out)
         print(json.dumps({n: {k: d[k] for k in ("bftrec_over_recbole", "eval_users_per_s_at_least_3x")}
                           for n, d in result["datasets"].items()}, indent=2))
         return
@@ -505,8 +515,7 @@ def main(argv: list[str] | None = None) -> None:
                                     "data": runs[0].pop("_data"), "runs": runs}
         for r in runs[1:]:
             r.pop("_data")
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")  # after each dataset: a partial result survives
+        write_json(result, args.out)
     print(json.dumps({n: {k: d[k] for k in ("bftrec_over_recbole", "speed_targets_met", "quality")}
                       for n, d in result["datasets"].items()}, indent=2))
 
