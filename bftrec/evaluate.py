@@ -102,6 +102,8 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     g = typed_groups(cfg)
     root, ds, ev, tc = g["root"], g["dataset"], g["eval"], g["trainer"]
     device = resolve_device(tc.device)
+    if tc.num_threads < 0:  # a re-score may set it (RESCORE_KEYS): the same bound as bftrec-train
+        raise ConfigError(f"trainer.num_threads={tc.num_threads} must be >= 0 (0 = default)")
     torch.set_num_threads(tc.num_threads or default_threads())  # as the run did (trainer.num_threads)
     ck = load_checkpoint(run_dir / "checkpoint.pt", device, fix=RECOVER.format(run_dir=run_dir))  # before the data
     with quiet_init():

@@ -143,6 +143,13 @@ def test_rescore_takes_a_thread_count_and_gives_the_same_metrics(tmp_path):
         assert re["test"]["overall"][key] == pytest.approx(m["test"]["overall"][key], abs=1e-9)
 
 
+def test_rescore_refuses_a_negative_thread_count(tmp_path):
+    run(smoke_cfg(tmp_path), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"trainer.num_threads=-1 must be >= 0"):
+        rescore(tmp_path / "run", ["trainer.num_threads=-1"], tmp_path / "re")
+    assert not (tmp_path / "re").exists()
+
+
 def test_rescore_refuses_training_overrides(tmp_path):
     run(smoke_cfg(tmp_path), tmp_path / "run")
     with pytest.raises(ConfigError, match="cannot override 'dataset.synthetic.seed'"):
