@@ -183,3 +183,79 @@ def test_ce_chunk_default_is_the_measured_one(name: str) -> None:
 
     yaml = OmegaConf.load(f"{CONFIG_DIR}/model/{name}.yaml")
     assert MODELS.get(name).Config().ce_chunk == yaml.ce_chunk == CE_CHUNK
+
+
+# --- sampled softmax: negatives shared by the batch, or drawn per position (HSTU's reference) ---
+
+def _sampled_reference(h, pos, table, neg, temperature, bias=None):
+    """Loop over positions: -log softmax of [pos, negatives of that row], accidental hits removed."""
+    terms = []
+    for p in range(len(pos)):
+        row_neg = neg[p] if neg.dim() == 2 else neg
+        cand = torch.cat([pos[p:p + 1], row_neg[row_neg != pos[p]]])
+        logits = table[cand] @ h[p]
+        if bias is not None:
+            logits = logits + bias[cand]
+        terms.append(-torch.log_softmax(logits / temperature, dim=0)[0])
+    return torch.stack(terms).mean()
+
+
+@pytest.mark.parametrize("per", ["batch", "position"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_sampled_softmax_matches_the_per_position_loop(per: str, with_bias: bool) -> None:
+    h, targets, table, bias = _inputs(P=13, N=9, D=6, seed=4)
+    table = torch.cat([torch.zeros(1, 6), table])  # row 0 = padding, items 1..9
+    bias = torch.cat([torch.zeros(1), bias]) if with_bias else None
+    targets = targets + 1  # item ids 1..9
+    torch.manual_seed(7)
+    got = next_item_loss(h[None], targets[None], table, "sampled_softmax", n_negatives=5, n_items=9,
+                         bias=bias, temperature=0.5, negatives_per=per)
+    torch.manual_seed(7)  # the same draw as inside next_item_loss
+    shape = (13, 5) if per == "position" else (5,)
+    neg = torch.randint(1, 10, shape)
+    torch.testing.assert_close(got, _sampled_reference(h, targets, table, neg, 0.5, bias), **TOL)
+
+
+def test_negatives_per_position_are_drawn_per_position(monkeypatch) -> None:
+    """With one negative each, 200 positions see many distinct negatives; a shared draw gives one."""
+    h = torch.randn(200, 4)
+    pos = torch.ones(200, dtype=torch.long)
+    table = torch.randn(51, 4)
+    real = torch.randint
+    for per, distinct_min, distinct_max in (("batch", 1, 1), ("position", 20, 50)):
+        seen = []
+        monkeypatch.setattr(torch, "randint", lambda *a, seen=seen, **k: seen.append(real(*a, **k)) or seen[-1])
+        next_item_loss(h[None], pos[None], table, "sampled_softmax", 1, 50, negatives_per=per)
+        monkeypatch.setattr(torch, "randint", real)
+        (neg,) = seen
+        assert distinct_min <= neg.unique().numel() <= distinct_max, (per, neg.shape)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS.names()))
+def test_every_backbone_passes_negatives_per(name: str) -> None:
+    """Each backbone's training loss changes with ``negatives_per`` (so the key is not ignored)."""
+    from omegaconf import OmegaConf
+
+    from bftrec.train import CONFIG_DIR
+
+    cls = MODELS.get(name)
+    assert cls.Config().negatives_per == OmegaConf.load(f"{CONFIG_DIR}/model/{name}.yaml").negatives_per == "batch"
+    seq = torch.randint(1, 31, (4, 9), generator=torch.Generator().manual_seed(2))
+    time = (1_600_000_000 + torch.arange(9).expand(4, 9) * 60) * seq.ne(0)
+    losses = {}
+    for per in ("batch", "position"):
+        cfg = cls.Config(d_model=8, n_heads=1, d_ff=8, n_layers=1, max_len=8, dropout=0.0, attn_dropout=0.0,
+                         loss="sampled_softmax", n_negatives=4, negatives_per=per)
+        torch.manual_seed(0)
+        model = cls(cfg, LAYER_CONFIGS["standard"](),
+                    DataInfo(n_items=30, train_counts=np.arange(31, dtype=np.int64), has_timestamps=True))
+        torch.manual_seed(3)
+        losses[per] = model.training_loss({"seq": seq, "time": time}).item()
+    assert abs(losses["batch"] - losses["position"]) > 1e-4, losses
+
+
+def test_unknown_negatives_per_is_a_config_error() -> None:
+    cls = MODELS.get("hstu")
+    with pytest.raises(ConfigError, match="model.negatives_per"):
+        cls(cls.Config(negatives_per="user"), LAYER_CONFIGS["standard"](),
+            DataInfo(n_items=30, train_counts=np.arange(31, dtype=np.int64), has_timestamps=True))

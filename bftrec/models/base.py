@@ -32,6 +32,7 @@ from bftrec.registry import Registry
 MODELS: Registry = Registry("model")
 
 LOSSES = ("ce", "bce", "sampled_softmax")
+NEGATIVES_PER = ("batch", "position")  # sampled_softmax: one draw shared by the batch, or one per position
 
 
 @dataclass
@@ -115,6 +116,7 @@ def check_common(cfg, n_items: int) -> None:
     if getattr(cfg, "ce_chunk", CE_CHUNK) < 0:
         raise ConfigError(f"model.ce_chunk={cfg.ce_chunk} must be >= 1 (positions per softmax chunk), "
                           f"or 0 for the unchunked reference")
+    check_choice(getattr(cfg, "negatives_per", "batch"), NEGATIVES_PER, "model.negatives_per")
     if cfg.loss in ("sampled_softmax", "bce") and cfg.n_negatives < 1:
         raise ConfigError(f"model.n_negatives={cfg.n_negatives} must be >= 1 for loss={cfg.loss}")
     if cfg.loss == "sampled_softmax" and cfg.n_negatives >= n_items:
@@ -250,7 +252,8 @@ def plain_ce(h: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, bias: 
 
 def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tensor, loss: str,
                    n_negatives: int, n_items: int, bias: Optional[torch.Tensor] = None,
-                   temperature: float = 1.0, ce_chunk: int = CE_CHUNK) -> torch.Tensor:
+                   temperature: float = 1.0, ce_chunk: int = CE_CHUNK,
+                   negatives_per: str = "batch") -> torch.Tensor:
     """Loss of predicting ``targets`` from hidden states, averaged over non-padding positions.
 
     Args:
@@ -258,12 +261,16 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
         targets: (B, L) int64 target item ids, 0 = no target (padding).
         item_emb: (N + 1 (+ specials), D) float output embedding table, tied to the input one.
         loss: ``ce`` full softmax over items 1..N; ``bce`` one uniform negative per position
-            (SASRec, Kang & McAuley 2018); ``sampled_softmax`` ``n_negatives`` uniform negatives
-            shared by the batch, accidental hits masked.
+            (SASRec, Kang & McAuley 2018); ``sampled_softmax`` ``n_negatives`` uniform negatives,
+            accidental hits masked.
         bias: optional (N + 1 (+ specials),) output bias (BERT4Rec).
         temperature: logits are divided by it (HSTU's cosine logits); 1.0 skips the division.
         ce_chunk: ``ce`` only: positions per chunk of :func:`chunked_ce`; 0 = :func:`plain_ce`, the
             reference that materialises the (P, N) logits.
+        negatives_per: ``sampled_softmax`` only: ``batch`` draws one (K,) set shared by every
+            position (a (P, D) x (D, K) matmul); ``position`` draws a (P, K) set, each position its
+            own, as HSTU's reference does (``LocalNegativesSampler`` in meta-recsys/generative-recommenders;
+            it gathers a (P, K, D) block, about P K D x 4 bytes, twice with its gradient).
     Returns:
         scalar float32.
     """
@@ -287,13 +294,19 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
             pos_logit, neg_logit = pos_logit + b[pos], neg_logit + b[neg]
         return (F.binary_cross_entropy_with_logits(pos_logit.float(), torch.ones_like(pos_logit, dtype=torch.float))
                 + F.binary_cross_entropy_with_logits(neg_logit.float(), torch.zeros_like(neg_logit, dtype=torch.float)))
-    # sampled softmax: column 0 is the positive, then shared negatives
-    neg = torch.randint(1, n_items + 1, (n_negatives,), device=pos.device)  # (K,)
+    # sampled softmax: column 0 is the positive, then the negatives
     pos_logit = (h * table[pos]).sum(-1, keepdim=True)  # (P, 1)
-    neg_logit = h @ table[neg].t()  # (P, K)
+    if negatives_per == "position":
+        neg = torch.randint(1, n_items + 1, (len(pos), n_negatives), device=pos.device)  # (P, K)
+        neg_logit = torch.bmm(table[neg], h.unsqueeze(-1)).squeeze(-1)  # (P, K, D) @ (P, D, 1) -> (P, K)
+        hit = neg == pos[:, None]  # (P, K)
+    else:
+        neg = torch.randint(1, n_items + 1, (n_negatives,), device=pos.device)  # (K,)
+        neg_logit = h @ table[neg].t()  # (P, K)
+        hit = neg[None, :] == pos[:, None]  # (P, K)
     if b is not None:
         pos_logit, neg_logit = pos_logit + b[pos, None], neg_logit + b[neg]
-    neg_logit = neg_logit.masked_fill(neg[None, :] == pos[:, None], torch.finfo(neg_logit.dtype).min)
+    neg_logit = neg_logit.masked_fill(hit, torch.finfo(neg_logit.dtype).min)
     logits = torch.cat([pos_logit, neg_logit], dim=1).float()  # (P, 1 + K)
     logits = logits / temperature if temperature != 1.0 else logits
     return F.cross_entropy(logits, torch.zeros(len(pos), dtype=torch.long, device=pos.device))

@@ -87,7 +87,8 @@ class BERT4RecConfig:
     attn_dropout: float = 0.1           # dropout on attention weights
     max_len: int = 50                   # tokens per sequence incl. the scoring [MASK] (L)
     loss: str = "ce"                    # ce | bce | sampled_softmax, over masked positions only
-    n_negatives: int = 256              # negatives for sampled_softmax (shared by the batch)
+    n_negatives: int = 256              # negatives for sampled_softmax (see negatives_per)
+    negatives_per: str = "batch"        # sampled_softmax: batch (one shared draw) | position (HSTU reference)
     ce_chunk: int = 128                 # ce: positions per chunk of the softmax, 0 = materialise (P, N)
     init_std: float = 0.02              # N(0, init_std) initialisation
     mask_prob: float = 0.2              # cloze: probability of masking each item, in (0, 1)
@@ -240,7 +241,8 @@ class BERT4Rec(SeqRecModel):
         inputs, targets = self.cloze(seq)
         h = self.head(self.encode(inputs))  # (B, L, D)
         return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
-                              self.n_items, bias=self.out_bias, ce_chunk=self.cfg.ce_chunk)
+                              self.n_items, bias=self.out_bias, ce_chunk=self.cfg.ce_chunk,
+                              negatives_per=self.cfg.negatives_per)
 
     def scoring_input(self, item_seq: torch.Tensor) -> torch.Tensor:
         """(B, L) int64 history -> (B, min(L, max_len - 1) + 1) int64: recent items then [MASK]."""

@@ -93,7 +93,8 @@ class HSTUConfig:
     attn_dropout: float = 0.0       # dropout on the pointwise attention weights
     max_len: int = 50               # most recent items kept per sequence (L)
     loss: str = "sampled_softmax"   # sampled_softmax | ce, over cosine / temperature
-    n_negatives: int = 128          # uniform negatives for sampled_softmax (shared by the batch)
+    n_negatives: int = 128          # uniform negatives for sampled_softmax (see negatives_per)
+    negatives_per: str = "batch"    # sampled_softmax: batch (one shared draw) | position (HSTU reference)
     ce_chunk: int = 128             # ce: positions per chunk of the softmax, 0 = materialise (P, N)
     init_std: float = 0.02          # std of item embeddings (truncated), W_uvqk and rab (reference: 0.02)
     attn_norm: str = "max_len"      # max_len (reference) | valid: divide SiLU weights by this count
@@ -314,7 +315,8 @@ class HSTU(SeqRecModel):
         time = batch.get("time")
         h = self.encode(inputs, time[:, :-1] if time is not None else None)  # (B, L, D)
         return next_item_loss(h, targets, self.item_table(), self.cfg.loss, self.cfg.n_negatives,
-                              self.n_items, temperature=self.cfg.temperature, ce_chunk=self.cfg.ce_chunk)
+                              self.n_items, temperature=self.cfg.temperature, ce_chunk=self.cfg.ce_chunk,
+                              negatives_per=self.cfg.negatives_per)
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """``batch["item_seq"]`` (B, L) int64 (+ ``time``) -> (B, N + 1) float32 cosines; column 0 is -inf.

@@ -49,7 +49,8 @@ class SASRecConfig:
     attn_dropout: float = 0.2  # dropout on attention weights
     max_len: int = 50          # most recent items kept per sequence (L)
     loss: str = "ce"           # ce | bce | sampled_softmax
-    n_negatives: int = 256     # negatives for sampled_softmax (shared by the batch)
+    n_negatives: int = 256     # negatives for sampled_softmax (see negatives_per)
+    negatives_per: str = "batch"  # sampled_softmax: batch (one shared draw) | position (HSTU reference)
     ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
     init_std: float = 0.02     # N(0, init_std) initialisation
     block: str = "pre_ln"      # pre_ln | post_ln (RecBole/original: embedding LN, post-LN blocks, no final LN)
@@ -216,7 +217,8 @@ class SASRec(SeqRecModel):
         targets = targets * inputs.ne(0)  # no target where the input is padding
         h = self.encode(inputs)
         return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
-                              self.n_items, ce_chunk=self.cfg.ce_chunk)
+                              self.n_items, ce_chunk=self.cfg.ce_chunk,
+                              negatives_per=self.cfg.negatives_per)
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """(B, L) history -> (B, N + 1) float32 scores of the next item; column 0 is -inf.
