@@ -57,7 +57,11 @@ Deviations from the reference implementation, each deliberate:
 - ``loss=ce`` (full softmax over all cosines / temperature) is offered beside the reference's
   sampled softmax; ``bce`` is rejected (the shared bce head ignores the temperature). The shared
   sampled-softmax head (``bftrec.models.base.next_item_loss``) draws ``n_negatives`` uniform
-  negatives shared by the batch; the reference draws them per position (not yet aligned).
+  negatives per position with ``negatives_per=position``, as the reference does; the main grid's
+  tuned configs set it. The schema default stays ``batch`` (one draw shared by the batch): runs
+  written before the key existed used it, and it is cheaper on the CPU (a (P, D) x (D, K)
+  matmul instead of a memory-bound (P, K, D) gather: 4x less training time per run on
+  ml-100k). On ml-100k ``position`` gains +35% validation NDCG@10 (``results/hstu_negatives``).
 - Training protocol (``bftrec.trainer``): the reference trains 101 epochs with AdamW(lr 1e-3,
   betas (0.9, 0.98), weight decay 0) on everything but the test item and has no validation split;
   here the validation item is held out, the best validation epoch is kept (early stopping), and
