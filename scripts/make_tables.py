@@ -196,6 +196,30 @@ def default_config(dataset: str, model: str, layer: str) -> dict:
     return _flat(out)
 
 
+@functools.cache
+def schema_config(model: str, layer: str) -> dict:
+    """{dotted key: schema default} of a cell's typed groups (``bftrec.config.schema_defaults``): what
+    a key meant in a run written before the key existed, the rule of ``bftrec.grid.config_diff``
+    (a new key's default is the behaviour from before it). {} for a name no longer registered."""
+    from bftrec.config import EvalConfig, RunConfig, TrainerConfig, schema_defaults
+    from bftrec.data.config import DatasetConfig
+    from bftrec.train import LAYER_CONFIGS, MODELS  # importing bftrec.train registers every layer
+
+    if model not in MODELS or layer not in LAYER_CONFIGS:
+        return {}
+    return schema_defaults({"": RunConfig, "dataset": DatasetConfig, "model": MODELS.get(model).Config,
+                            "layer": LAYER_CONFIGS[layer], "trainer": TrainerConfig, "eval": EvalConfig})
+
+
+def absent_value(run: dict, key: str):
+    """The value of ``key`` for a run whose saved config lacks it: the schema default (the key is newer
+    than the run), else today's composed default of the cell (``default_config``)."""
+    schema = schema_config(run["model"], run["layer"])
+    if key in schema:
+        return schema[key]
+    return default_config(run["dataset"], run["model"], run["layer"]).get(key, "<absent>")
+
+
 def run_config(run: dict) -> dict:
     """The run's flat config after ``normalise_config`` ({} without config.yaml)."""
     path = run["_dir"] / "config.yaml"
@@ -205,13 +229,12 @@ def run_config(run: dict) -> dict:
 
 def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
     """Dotted keys whose values differ between two runs' configs (volatile keys and keys starting
-    with ``ignore`` excluded); a key absent from one config takes the current default of that run's
-    cell (``default_config``)."""
+    with ``ignore`` excluded); a key absent from one config takes ``absent_value`` (its schema
+    default: a run that predates a key ran with the key's default, whatever a tuned config says today)."""
     ca, cb = run_config(a), run_config(b)
     out = []
     for k in sorted(k for k in (set(ca) | set(cb)) - VOLATILE if not k.startswith(ignore)):
-        va, vb = (c[k] if k in c else default_config(r["dataset"], r["model"], r["layer"]).get(k, "<absent>")
-                  for c, r in ((ca, a), (cb, b)))
+        va, vb = (c[k] if k in c else absent_value(r, k) for c, r in ((ca, a), (cb, b)))
         if va != vb:
             out.append(k)
     return out

@@ -249,6 +249,18 @@ def test_a_key_absent_from_an_older_run_counts_as_its_default(runs, tmp_path):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
 
 
+@pytest.mark.parametrize("dataset, model, key, old, tuned", [
+    ("ml-1m", "hstu", "model.negatives_per", "batch", "position"),
+    ("ml-100k", "sasrec", "trainer.train_windows", "last", "sliding"),
+])
+def test_a_key_absent_from_an_older_run_is_its_schema_default_not_the_tuned_value(dataset, model, key, old, tuned):
+    """A run written before ``key`` existed ran with its schema default, though a tuned config sets
+    another value today: it must not compare equal to a run with the tuned value."""
+    mt = _make_tables()
+    assert mt.default_config(dataset, model, "standard")[key] == tuned  # the premise: tuned differs
+    assert mt.absent_value({"dataset": dataset, "model": model, "layer": "standard"}, key) == old
+
+
 def test_normalise_config_is_applied_before_comparing(runs, tmp_path):
     """A v1 config without ``bft.units`` (legacy) compares equal to units=h, and unequal to count."""
     mt = _make_tables()
