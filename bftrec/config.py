@@ -33,6 +33,7 @@ class TrainerConfig:
     optimizer: str = "adam"           # adam | adamw
     lr: float = 1e-3                  # learning rate
     weight_decay: float = 0.0         # decoupled for adamw, L2 for adam
+    betas: list = field(default_factory=lambda: [0.9, 0.999])  # Adam/AdamW (β1, β2); torch's default
     grad_clip: float = 0.0            # max global grad norm; 0 = off
     patience: int = 10                # early stopping: epochs without a better valid NDCG@10
     eval_every: int = 1               # validate every this many epochs

@@ -63,6 +63,9 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
     if not (cfg.divergence_factor == 0 or cfg.divergence_factor > 1):
         raise ConfigError(f"trainer.divergence_factor={cfg.divergence_factor} must be > 1 (or 0 = off)")
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
+    betas = None if isinstance(cfg.betas, str) or not hasattr(cfg.betas, "__len__") else list(cfg.betas)
+    if betas is None or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"trainer.betas={cfg.betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
     metrics = [f"{m}@{k}" for k in eval_cfg.ks for m in ("HR", "NDCG")] + ["MRR"]
     if cfg.select_metric not in metrics:
         raise ConfigError(f"trainer.select_metric={cfg.select_metric!r} is not computed; choose one of "
@@ -221,7 +224,8 @@ def _last_good(out_dir: Path, state: dict) -> str:
 def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(optimizer_param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay)  # τ: layer.tau.lr_scale
+    return cls(optimizer_param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay,  # τ: layer.tau.lr_scale
+               betas=tuple(cfg.betas))
 
 
 def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,

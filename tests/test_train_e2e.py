@@ -77,6 +77,8 @@ def test_rescore_writes_new_folder_and_keeps_the_run(tmp_path):
     ("eval.batch_size=0", "eval.batch_size"),
     ("trainer.max_steps_per_epoch=-1", "max_steps_per_epoch"),
     ("eval.cold_user_max_history=-1", "cold_user_max_history"),
+    ("trainer.betas=[0.9,1.5]", r"trainer.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
+    ("trainer.betas=[0.9]", r"trainer.betas=\[0.9\] must be two numbers"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, override, message):
     with pytest.raises((ConfigError, ValueError, Exception), match=message):
@@ -161,3 +163,17 @@ def test_resume_keeps_best_checkpoint_and_continues(tmp_path):
     resumed = run(smoke_cfg(tmp_path, "trainer.epochs=2", f"trainer.resume={tmp_path / 'a'}"), tmp_path / "b")
     assert (tmp_path / "b" / "checkpoint.pt").exists()
     assert resumed["epochs_run"] == 2 and first["epochs_run"] == 1
+
+
+def test_trainer_betas_reach_the_optimizer():
+    """``trainer.betas`` (HSTU's reference uses (0.9, 0.98)) is what Adam/AdamW get; default torch's."""
+    from torch import nn
+
+    from bftrec.config import TrainerConfig
+    from bftrec.trainer import _optimizer
+
+    model = nn.Linear(3, 2)
+    assert _optimizer(model, TrainerConfig()).defaults["betas"] == (0.9, 0.999)
+    for opt in ("adam", "adamw"):
+        got = _optimizer(model, TrainerConfig(optimizer=opt, betas=[0.9, 0.98])).defaults["betas"]
+        assert got == (0.9, 0.98), opt
