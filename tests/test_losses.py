@@ -231,9 +231,10 @@ def test_negatives_per_position_are_drawn_per_position(monkeypatch) -> None:
         assert distinct_min <= neg.unique().numel() <= distinct_max, (per, neg.shape)
 
 
+@pytest.mark.parametrize("layer", ["standard", "bft"])
 @pytest.mark.parametrize("name", sorted(MODELS.names()))
-def test_every_backbone_passes_negatives_per(name: str) -> None:
-    """Each backbone's training loss changes with ``negatives_per`` (so the key is not ignored)."""
+def test_every_backbone_passes_negatives_per(name: str, layer: str) -> None:
+    """Each backbone's training loss, standard or BFT, changes with ``negatives_per`` (the key is not ignored)."""
     from omegaconf import OmegaConf
 
     from bftrec.train import CONFIG_DIR
@@ -247,10 +248,11 @@ def test_every_backbone_passes_negatives_per(name: str) -> None:
         cfg = cls.Config(d_model=8, n_heads=1, d_ff=8, n_layers=1, max_len=8, dropout=0.0, attn_dropout=0.0,
                          loss="sampled_softmax", n_negatives=4, negatives_per=per)
         torch.manual_seed(0)
-        model = cls(cfg, LAYER_CONFIGS["standard"](),
+        model = cls(cfg, LAYER_CONFIGS[layer](),
                     DataInfo(n_items=30, train_counts=np.arange(31, dtype=np.int64), has_timestamps=True))
         torch.manual_seed(3)
         losses[per] = model.training_loss({"seq": seq, "time": time}).item()
+        assert np.isfinite(losses[per]), (per, losses)
     assert abs(losses["batch"] - losses["position"]) > 1e-4, losses
 
 
