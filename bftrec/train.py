@@ -90,6 +90,14 @@ def typed_groups(cfg: DictConfig) -> dict:
     }
 
 
+def run_schema_defaults(model_schema: type, layer_schema: type) -> dict:
+    """{dotted key: schema default} of a run's typed groups (``bftrec.config.schema_defaults``): the
+    value a key had in a run stored before the key existed (``bftrec.grid.config_diff``,
+    ``scripts/make_tables.py``)."""
+    return schema_defaults({"": RunConfig, "dataset": DatasetConfig, "model": model_schema, "layer": layer_schema,
+                            "trainer": TrainerConfig, "eval": EvalConfig})
+
+
 def protocol_block(ev: EvalConfig, repeat_share: float, select_metric: str) -> dict:
     """The protocol every metrics.json states (DESIGN.md "Data protocol", "Evaluation protocol")."""
     return {
@@ -196,9 +204,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             device, out_dir = init_distributed(device, Path(out_dir))
         with run_lock(out_dir, root.skip_finished) if is_main() else nullcontext():
             try:
-                status, stored = prepare_cell(out_dir, resolved, root.skip_finished, defaults=schema_defaults({
-                    "": RunConfig, "dataset": DatasetConfig, "model": g["model_cls"].Config, "layer": type(lc),
-                    "trainer": TrainerConfig, "eval": EvalConfig}))
+                status, stored = prepare_cell(out_dir, resolved, root.skip_finished,
+                                              defaults=run_schema_defaults(g["model_cls"].Config, type(lc)))
             except ConfigError as e:
                 raise NotThisRun(str(e)) from None
             if status == "skipped":

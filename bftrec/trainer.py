@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -63,8 +64,8 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
     if not (cfg.divergence_factor == 0 or cfg.divergence_factor > 1):
         raise ConfigError(f"trainer.divergence_factor={cfg.divergence_factor} must be > 1 (or 0 = off)")
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
-    betas = None if isinstance(cfg.betas, str) or not hasattr(cfg.betas, "__len__") else list(cfg.betas)
-    if betas is None or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+    betas = list(cfg.betas) if isinstance(cfg.betas, Sequence) and not isinstance(cfg.betas, str) else []
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"trainer.betas={cfg.betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
     metrics = [f"{m}@{k}" for k in eval_cfg.ks for m in ("HR", "NDCG")] + ["MRR"]
     if cfg.select_metric not in metrics:

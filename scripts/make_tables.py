@@ -201,14 +201,11 @@ def schema_config(model: str, layer: str) -> dict:
     """{dotted key: schema default} of a cell's typed groups (``bftrec.config.schema_defaults``): what
     a key meant in a run written before the key existed, the rule of ``bftrec.grid.config_diff``
     (a new key's default is the behaviour from before it). {} for a name no longer registered."""
-    from bftrec.config import EvalConfig, RunConfig, TrainerConfig, schema_defaults
-    from bftrec.data.config import DatasetConfig
-    from bftrec.train import LAYER_CONFIGS, MODELS  # importing bftrec.train registers every layer
+    from bftrec.train import LAYER_CONFIGS, MODELS, run_schema_defaults  # bftrec.train registers every layer
 
     if model not in MODELS or layer not in LAYER_CONFIGS:
         return {}
-    return schema_defaults({"": RunConfig, "dataset": DatasetConfig, "model": MODELS.get(model).Config,
-                            "layer": LAYER_CONFIGS[layer], "trainer": TrainerConfig, "eval": EvalConfig})
+    return run_schema_defaults(MODELS.get(model).Config, LAYER_CONFIGS[layer])
 
 
 def absent_value(run: dict, key: str):
