@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import bftrec.models  # noqa: F401  registers the backbones
+from bftrec.models import base
 from bftrec.config import ConfigError
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.models import MODELS, DataInfo
@@ -200,9 +201,14 @@ def _sampled_reference(h, pos, table, neg, temperature, bias=None):
     return torch.stack(terms).mean()
 
 
-@pytest.mark.parametrize("per", ["batch", "position"])
+ROUTES = {"gather": 0, "dense": 10**9}  # DENSE_NEGATIVES_RATIO forcing each route of per_position_logits
+
+
+@pytest.mark.parametrize("per, route", [("batch", "gather"), ("position", "gather"), ("position", "dense")])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_sampled_softmax_matches_the_per_position_loop(per: str, with_bias: bool) -> None:
+def test_sampled_softmax_matches_the_per_position_loop(per: str, route: str, with_bias: bool, monkeypatch) -> None:
+    monkeypatch.setattr(base, "DENSE_NEGATIVES_RATIO", ROUTES[route])
+    monkeypatch.setattr(base, "DENSE_NEGATIVES_BLOCK", 40)  # dense route: 4 rows per block, 4 blocks
     h, targets, table, bias = _inputs(P=13, N=9, D=6, seed=4)
     table = torch.cat([torch.zeros(1, 6), table])  # row 0 = padding, items 1..9
     bias = torch.cat([torch.zeros(1), bias]) if with_bias else None
@@ -214,6 +220,32 @@ def test_sampled_softmax_matches_the_per_position_loop(per: str, with_bias: bool
     shape = (13, 5) if per == "position" else (5,)
     neg = torch.randint(1, 10, shape)
     torch.testing.assert_close(got, _sampled_reference(h, targets, table, neg, 0.5, bias), **TOL)
+
+
+def test_per_position_logits_routes_agree_in_value_and_gradient(monkeypatch) -> None:
+    """The dense route (matmul + column gather, in blocks) and the (P, K, D) gather give the same
+    logits and gradients for h and the table, and the auto choice follows DENSE_NEGATIVES_RATIO."""
+    g = torch.Generator().manual_seed(11)
+    h0, table0 = torch.randn(37, 6, generator=g, dtype=torch.float64), torch.randn(41, 6, generator=g, dtype=torch.float64)
+    neg = torch.randint(0, 41, (37, 8), generator=g)
+    w = torch.randn(37, 8, generator=g, dtype=torch.float64)
+    # ML-1M's HSTU (3,707 rows, K=128) takes the dense route; Sports' (18,358 rows) the gather
+    assert 18357 + 1 > base.DENSE_NEGATIVES_RATIO * 128 >= 3706 + 1
+    got, real_gather, blocks = {}, torch.gather, []
+    monkeypatch.setattr(torch, "gather", lambda *a, **k: blocks.append(1) or real_gather(*a, **k))
+    monkeypatch.setattr(base, "DENSE_NEGATIVES_BLOCK", 41 * 5)  # 5 positions per block: 8 blocks, the last short
+    for route, ratio in ROUTES.items():
+        monkeypatch.setattr(base, "DENSE_NEGATIVES_RATIO", ratio)
+        h, table = h0.clone().requires_grad_(), table0.clone().requires_grad_()
+        blocks.clear()
+        out = base.per_position_logits(h, table, neg)
+        assert len(blocks) == (8 if route == "dense" else 0), (route, len(blocks))
+        (out * w).sum().backward()
+        got[route] = (out.detach(), h.grad, table.grad)
+    loop = torch.stack([table0[neg[p]] @ h0[p] for p in range(37)])
+    torch.testing.assert_close(got["gather"][0], loop, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got["dense"], got["gather"]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_negatives_per_position_are_drawn_per_position(monkeypatch) -> None:

@@ -130,6 +130,14 @@ CE_CHUNK = 128
 equal within run-to-run noise (about 10%, their order changes between runs), 32 and >= 512 slower; 128
 keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
 
+# Per-position negatives (negatives_per=position): with N + 1 table rows and K negatives, the logits
+# come from a dense (chunk, N + 1) matmul and a column gather when N + 1 <= DENSE_NEGATIVES_RATIO * K,
+# and otherwise from a gathered (P, K, D) block. Both give the same logits; the gather is memory-bound,
+# so the dense route, N / K times the multiply-adds, is cheaper up to about 80 K rows on one CPU thread
+# (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2x on ML-1M, 4.6x on ml-100k).
+DENSE_NEGATIVES_RATIO = 64
+DENSE_NEGATIVES_BLOCK = 1 << 21  # elements of one (chunk, N + 1) block of the dense route (8 MB float32)
+
 
 class _ChunkedLogSumExp(torch.autograd.Function):
     """``sum_p logsumexp_j scale * (h_p . table_j + bias_j)`` over chunks of rows; see :func:`chunked_ce`.
@@ -270,7 +278,7 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
         negatives_per: ``sampled_softmax`` only: ``batch`` draws one (K,) set shared by every
             position (a (P, D) x (D, K) matmul); ``position`` draws a (P, K) set, each position its
             own, as HSTU's reference does (``LocalNegativesSampler`` in meta-recsys/generative-recommenders;
-            it gathers a (P, K, D) block, about P K D x 4 bytes, twice with its gradient).
+            computed by :func:`per_position_logits`).
     Returns:
         scalar float32.
     """
@@ -298,7 +306,7 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
     pos_logit = (h * table[pos]).sum(-1, keepdim=True)  # (P, 1)
     if negatives_per == "position":
         neg = torch.randint(1, n_items + 1, (len(pos), n_negatives), device=pos.device)  # (P, K)
-        neg_logit = torch.bmm(table[neg], h.unsqueeze(-1)).squeeze(-1)  # (P, K, D) @ (P, D, 1) -> (P, K)
+        neg_logit = per_position_logits(h, table, neg)  # (P, K)
         hit = neg == pos[:, None]  # (P, K)
     else:
         neg = torch.randint(1, n_items + 1, (n_negatives,), device=pos.device)  # (K,)
@@ -310,6 +318,28 @@ def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tenso
     logits = torch.cat([pos_logit, neg_logit], dim=1).float()  # (P, 1 + K)
     logits = logits / temperature if temperature != 1.0 else logits
     return F.cross_entropy(logits, torch.zeros(len(pos), dtype=torch.long, device=pos.device))
+
+
+def per_position_logits(h: torch.Tensor, table: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """Logits of each position against its own negatives: ``out[p, k] = h[p] . table[neg[p, k]]``.
+
+    Args:
+        h: (P, D) float hidden states.
+        table: (R, D) float item embeddings (R = N + 1 rows, padding included).
+        neg: (P, K) int64 row ids in [0, R).
+    Returns:
+        (P, K) float, in ``h``'s dtype. Two routes with the same result to float rounding: with
+        R <= ``DENSE_NEGATIVES_RATIO`` * K, blocks of (chunk, R) dense logits (one matmul, then a
+        column gather; at most ``DENSE_NEGATIVES_BLOCK`` elements each); otherwise a gathered
+        (P, K, D) block times h, about P K D x 4 bytes, twice with its gradient.
+    """
+    n_rows, k = table.shape[0], neg.shape[1]
+    if n_rows > DENSE_NEGATIVES_RATIO * k:
+        return torch.bmm(table[neg], h.unsqueeze(-1)).squeeze(-1)  # (P, K, D) @ (P, D, 1) -> (P, K)
+    chunk = max(1, DENSE_NEGATIVES_BLOCK // n_rows)
+    blocks = [torch.gather(h[s:s + chunk] @ table.t(), 1, neg[s:s + chunk])  # (chunk, R) -> (chunk, K)
+              for s in range(0, len(h), chunk)]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
 _SCORE_POOL: contextvars.ContextVar = contextvars.ContextVar("score_pool", default=None)
