@@ -133,9 +133,9 @@ keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
 # Per-position negatives (negatives_per=position): with N + 1 table rows and K negatives, the logits
 # come from a dense (chunk, N + 1) matmul and a column gather when N + 1 <= DENSE_NEGATIVES_RATIO * K,
 # and otherwise from a gathered (P, K, D) block. Both give the same logits; the gather is memory-bound,
-# so the dense route, N / K times the multiply-adds, is cheaper up to about 80 K rows on one CPU thread
-# (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2x on ML-1M, 4.6x on ml-100k).
-DENSE_NEGATIVES_RATIO = 64
+# so the dense route, N / K times the multiply-adds, is cheaper up to 80-90 K rows on one CPU thread
+# (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2.5x on ML-1M, 5.5x on ml-100k).
+DENSE_NEGATIVES_RATIO = 80
 DENSE_NEGATIVES_BLOCK = 1 << 21  # elements of one (chunk, N + 1) block of the dense route (8 MB float32)
 
 
