@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -105,8 +105,22 @@ def merge_schema(schema: type, node: Any, where: str) -> Any:
         raise unknown_key(f"{prefix}{key}", schema.__dataclass_fields__) from None
     except ValidationError as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"bad value for {prefix}{key}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"bad value for {prefix}{key}: {str(e).splitlines()[0].rstrip('.')}"
+                          f"{_expected(schema, str(key), prefix)}") from None
     return OmegaConf.to_object(merged)
+
+
+def _expected(schema: type, key: str, prefix: str) -> str:
+    """``'; expected <type>, e.g. <prefix><key>=<default>'`` for a field of ``schema`` ('' if unknown)."""
+    f = getattr(schema, "__dataclass_fields__", {}).get(key)
+    if f is None:
+        return ""
+    default = f.default_factory() if f.default_factory is not MISSING else f.default
+    if default is MISSING:
+        return ""
+    shown = "[" + ",".join(map(str, default)) + "]" if isinstance(default, (list, tuple)) else default
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return f"; expected {kind}, e.g. {prefix}{key}={shown}"
 
 
 def unknown_key(full_key: str, known: Iterable[str]) -> ConfigError:

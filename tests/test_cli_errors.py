@@ -65,7 +65,8 @@ def results(tmp_path_factory):
     ("typo_appended", "unknown key 'trainer.epoch'; did you mean trainer.epochs?"),
     ("dataset", "dataset=sportz: no such config; choose one of beauty, games, "),
     ("layer", "layer=bfft: no such config; choose one of bft, bft_h, standard"),
-    ("lr", "bad value for trainer.lr: Value 'abc'"),
+    ("lr", "bad value for trainer.lr: Value 'abc' of type 'str' could not be converted to Float; "
+           "expected float, e.g. trainer.lr=0.001"),
     ("ks", "eval.ks=[0] is not valid: every cut-off K must be an integer >= 1"),
     ("bft_key_on_standard", "unknown key 'layer.bft': layer=standard has no BFT settings; select layer=bft"),
     ("bft_key_on_resume", "trainer.resume=runs/a keeps the run's dataset, model, layer and seed settings; "
@@ -105,3 +106,18 @@ def test_refused_grid_cell_is_its_line_alone(results):
     ledger = [json.loads(x) for x in (results["tmp"] / "runs" / "ledger.jsonl").read_text().splitlines()]
     assert [(x["cell"], x["status"]) for x in ledger] == [("synthetic/sasrec/standard/seed0", "failed")]
     assert "differs at trainer.lr" in ledger[0]["error"]
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("betas=0.9", "; expected list, e.g. trainer.betas=[0.9,0.999]"),
+    ("epochs=1.5", "; expected int, e.g. trainer.epochs=200"),
+])
+def test_a_bad_value_names_the_expected_type_and_an_example(override, hint):
+    """The one-line error for an ill-typed value ends with the field's type and its default as the fix."""
+    from bftrec.config import ConfigError, TrainerConfig, merge_schema
+
+    with pytest.raises(ConfigError) as e:
+        merge_schema(TrainerConfig, OmegaConf.from_dotlist([override]), "trainer")
+    msg = str(e.value)
+    assert msg.startswith(f"bad value for trainer.{override.split('=')[0]}: ") and msg.endswith(hint), msg
+    assert "\n" not in msg and ".;" not in msg, msg
