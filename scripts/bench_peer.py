@@ -3,6 +3,12 @@
     pip install -e '.[peer]'      # RecBole 1.2.1: an optional extra, never needed by bftrec or CI
     python scripts/bench_peer.py --datasets ml-100k sports --epochs 200 --out results/bench/peer_cpu.json
     python scripts/bench_peer.py --datasets ml-100k sports --eval-speed 7   # validation users/s only
+    python scripts/bench_peer.py --datasets ml-100k --workdir peer_state ...  # resumable: rerun to continue
+
+A full run takes hours per seed on one CPU thread (RecBole's epochs are the slow ones). With
+``--workdir``, each (dataset, seed) keeps its state there after every epoch (both frameworks' weights,
+optimizers and RNG streams, RecBole's loader shuffle included, the rows and the best weights so far), and
+the same command run again continues where it stopped, with the same results as an unbroken run.
 
 Same data, split and order: bftrec's preprocessed sequences (``bftrec.data.datasets.load_dataset``)
 are exported to RecBole atomic files (``<user>.inter``: ``user_id``, ``item_id``, and ``timestamp`` =
@@ -245,6 +251,16 @@ class Bftrec:
         return {"loss": row["loss"], "train_s": row["train_seconds"], "eval_s": row["eval_seconds"],
                 "native_valid": {"HR@10": row["valid_HR@10"], "NDCG@10": row["valid_NDCG@10"]}}
 
+    def state(self) -> dict:
+        """What resuming needs beyond ``last.pt`` in its folder (``fit`` restores weights, optimizer, RNG)."""
+        return {"epoch": self.epoch, "rng": self.rng}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.rng = state["epoch"], state["rng"]
+        if self.epoch:
+            ckpt = torch.load(self.dir / "last.pt", map_location="cpu", weights_only=False)
+            self.model.load_state_dict(ckpt["model"])  # the scorer between epochs: the last epoch's weights
+
     def validate(self) -> dict:
         """bftrec's native validation, as ``fit`` runs it after an epoch: full ranking, history masked."""
         return common_metrics(self.model, self.data, "valid", self.hp["max_len"], "masked")
@@ -312,6 +328,17 @@ class Peer:
         valid = self.trainer.evaluate(self.valid_data, load_best_model=False)
         return {"HR@10": float(valid["hit@10"]), "NDCG@10": float(valid["ndcg@10"])}
 
+    def state(self) -> dict:
+        """Weights, optimizer, both RNG streams (dropout; the training loader's shuffle) and the epoch."""
+        return {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict(),
+                "rng": self.rng, "loader_rng": self.train_data.generator.get_state(), "epoch": self.epoch}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.train_data.generator.set_state(state["loader_rng"])
+        self.rng, self.epoch = state["rng"], state["epoch"]
+
     def native_test(self) -> dict:
         res = self.trainer.evaluate(self.test_data, load_best_model=False)
         return {"HR@10": float(res["hit@10"]), "NDCG@10": float(res["ndcg@10"])}
@@ -342,19 +369,47 @@ def common_metrics(scorer: nn.Module, data, which: str, max_len: int, convention
 # --------------------------------------------------------------------------- one run
 
 
+@contextlib.contextmanager
+def _run_dir(workdir: Path | None, dataset: str, seed: int):
+    """``workdir/<dataset>-seed<seed>`` (kept: the run resumes from it), or a temporary folder."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+    else:
+        path = workdir / f"{dataset}-seed{seed}"
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+
+
 def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience: int, hp: dict, targets: str,
-             eval_batch_size: int) -> dict:
+             eval_batch_size: int, workdir: Path | None = None) -> dict:
     """Train both frameworks, interleaved, for at most ``epochs`` epochs each; a framework stops after
     ``patience`` epochs without a better validation NDCG@10 under either convention. Returns per-framework
-    epochs and results."""
+    epochs and results.
+
+    With ``workdir``, the state after each finished epoch (both frameworks' weights, optimizers and RNG
+    streams, the rows and the best weights so far) is kept in ``workdir/<dataset>-seed<seed>/state.pt``,
+    and a rerun with the same settings continues from it. Raises SystemExit (one line) when that state
+    was written with other settings."""
     data = load_dataset(dataset_config(dataset))
-    with tempfile.TemporaryDirectory() as tmp:
-        fw = {"bftrec": Bftrec(data, hp, seed, targets, Path(tmp) / "bftrec")}
-        (Path(tmp) / "bftrec").mkdir()
-        fw["recbole"] = Peer(rb, data, hp, seed, targets, Path(tmp) / "recbole", eval_batch_size)
+    with _run_dir(workdir, dataset, seed) as tmp:
+        fw = {"bftrec": Bftrec(data, hp, seed, targets, tmp / "bftrec")}
+        (tmp / "bftrec").mkdir(exist_ok=True)
+        (tmp / "recbole").mkdir(exist_ok=True)
+        fw["recbole"] = Peer(rb, data, hp, seed, targets, tmp / "recbole", eval_batch_size)
         rows = {k: [] for k in fw}
         best = {k: {c: (-math.inf, 0, None) for c in CONVENTIONS} for k in fw}  # (valid NDCG@10, epoch, weights)
-        for epoch in range(1, epochs + 1):
+        settings, state_file, start = {"dataset": dataset, "seed": seed, "hp": hp, "targets": targets}, tmp / "state.pt", 1
+        if state_file.exists():
+            state = torch.load(state_file, map_location="cpu", weights_only=False)
+            if state["settings"] != settings:
+                raise SystemExit(f"bench_peer: error: {state_file} was written with {state['settings']}, not "
+                                 f"{settings}; use another --workdir, or delete {tmp} to start again")
+            rows, best, start = state["rows"], state["best"], state["epoch"] + 1
+            for k in fw:
+                fw[k].load_state(state["fw"][k])
+            log.info("%s seed %d: resumed from %s after epoch %d", dataset, seed, state_file, state["epoch"])
+        for epoch in range(start, epochs + 1):
             live = [k for k in fw if epoch - max(best[k][c][1] for c in CONVENTIONS) <= patience]
             if not live:
                 break
@@ -370,6 +425,10 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
                 log.info("%s %s seed %d epoch %d: loss %.4f train %.1fs eval %.1fs valid NDCG@10 %s", dataset, k,
                          seed, epoch, row["loss"], row["train_s"], row["eval_s"],
                          {c: round(row["valid"][c]["NDCG@10"], 4) for c in CONVENTIONS})
+            if workdir is not None:  # written whole, then renamed: an interrupted save leaves the last one
+                torch.save({"settings": settings, "epoch": epoch, "rows": rows, "best": best,
+                            "fw": {k: f.state() for k, f in fw.items()}}, tmp / "state.pt.tmp")
+                os.replace(tmp / "state.pt.tmp", state_file)
         out = {}
         for k, f in fw.items():
             train_s = sum(r["train_s"] for r in rows[k])
@@ -473,6 +532,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="no training: time REPS full-ranking validations per framework, interleaved "
                          "(default out: results/bench/peer_eval_cpu.json)")
     ap.add_argument("--out", type=Path, default=None, help="JSON to write (default results/bench/peer_cpu.json)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="keep each run's state here after every epoch; rerunning the same command resumes "
+                         "(default: a temporary folder, no resume)")
     args = ap.parse_args(argv)
     if args.eval_speed < 0:
         ap.error(f"--eval-speed {args.eval_speed} must be >= 0 (0 = train and compare)")
@@ -509,8 +571,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     for name in args.datasets:
         hp = hyperparameters(name, args.hp)
-        runs = [run_pair(rb, name, s, args.epochs, args.patience, hp, args.targets, args.eval_batch_size)
-                for s in seeds]
+        runs = [run_pair(rb, name, s, args.epochs, args.patience, hp, args.targets, args.eval_batch_size,
+                         args.workdir) for s in seeds]
         result["datasets"][name] = {"hyperparameters": {**hp, "loss": "ce"}, **summarize_runs(runs),
                                     "data": runs[0].pop("_data"), "runs": runs}
         for r in runs[1:]:

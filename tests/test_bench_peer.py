@@ -144,3 +144,53 @@ def test_eval_speed_rejects_negative_reps(tmp_path, capsys):
         load_script("bench_peer").main(["--eval-speed", "-2", "--out", str(tmp_path / "x.json")])
     assert e.value.code == 2 and "--eval-speed -2 must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def _stand_in_peer(bench, fail_at=None):
+    """A peer for run_pair without RecBole: a second bftrec SASRec (its own folder, seed + 1), which can
+    be made to fail at one epoch, as a killed process would."""
+
+    class StandIn(bench.Bftrec):
+        name, native_convention, export = "recbole", None, {"users": 0}
+
+        def __init__(self, rb, data, hp, seed, targets, workdir, eval_batch_size):
+            super().__init__(data, hp, seed + 1, targets, workdir)
+
+        def train_epoch(self):
+            if fail_at is not None and self.epoch + 1 == fail_at:
+                raise KeyboardInterrupt("stopped")
+            return super().train_epoch()
+
+        def native_test(self):
+            return {"HR@10": 0.0, "NDCG@10": 0.0}
+
+    return StandIn
+
+
+def test_run_pair_resumes_from_its_workdir_as_if_never_stopped(tmp_path, monkeypatch, data):
+    """--workdir: a run stopped during epoch 3 and started again gives the rows, the selected epochs and
+    the test figures of a run that was never stopped (the peer is a stand-in; RecBole is optional)."""
+    bench = load_script("bench_peer")
+    monkeypatch.setattr(bench, "load_dataset", lambda cfg: data)
+    hp = {**bench.hyperparameters("synthetic", []), "max_len": L, "batch_size": 32}
+    args = dict(rb=None, dataset="synthetic", seed=0, epochs=4, patience=10, hp=hp, targets="window",
+                eval_batch_size=64)
+    monkeypatch.setattr(bench, "Peer", _stand_in_peer(bench))
+    whole = bench.run_pair(**args, workdir=tmp_path / "whole")
+    monkeypatch.setattr(bench, "Peer", _stand_in_peer(bench, fail_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_pair(**args, workdir=tmp_path / "resumed")
+    assert torch.load(tmp_path / "resumed" / "synthetic-seed0" / "state.pt", weights_only=False)["epoch"] == 2
+    monkeypatch.setattr(bench, "Peer", _stand_in_peer(bench))
+    resumed = bench.run_pair(**args, workdir=tmp_path / "resumed")
+    for k in ("bftrec", "recbole"):
+        assert [r["epoch"] for r in resumed[k]["epochs"]] == [1, 2, 3, 4]
+        for a, b in zip(whole[k]["epochs"], resumed[k]["epochs"]):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), (k, a["epoch"])
+            for c in bench.CONVENTIONS:
+                assert a["valid"][c] == pytest.approx(b["valid"][c], rel=1e-6, abs=1e-9), (k, a["epoch"], c)
+        for c in bench.CONVENTIONS:
+            sw, sr = whole[k]["selected"][c], resumed[k]["selected"][c]
+            assert sw["best_epoch"] == sr["best_epoch"] and sw["test"] == pytest.approx(sr["test"], rel=1e-6)
+    with pytest.raises(SystemExit, match=r"state.pt was written with .*'targets': 'window'.*use another --workdir"):
+        bench.run_pair(**{**args, "targets": "all"}, workdir=tmp_path / "resumed")
