@@ -60,8 +60,9 @@ Deviations from the reference implementation, each deliberate:
   negatives per position with ``negatives_per=position``, as the reference does; the main grid's
   tuned configs set it. The schema default stays ``batch`` (one draw shared by the batch): runs
   written before the key existed used it, and it is cheaper on the CPU (a (P, D) x (D, K)
-  matmul instead of a memory-bound (P, K, D) gather: 4x less training time per run on
-  ml-100k). On ml-100k ``position`` gains +35% validation NDCG@10 (``results/hstu_negatives``).
+  matmul; ``position`` takes a memory-bound (P, K, D) gather, or a dense matmul and column gather
+  on catalogues of at most ``DENSE_NEGATIVES_RATIO`` x K rows: ``base.per_position_logits``).
+  On ml-100k ``position`` gains +35% validation NDCG@10 (``results/hstu_negatives``).
 - Training protocol (``bftrec.trainer``): the reference trains 101 epochs with AdamW(lr 1e-3,
   betas (0.9, 0.98), weight decay 0) on everything but the test item and has no validation split;
   here the validation item is held out and the best validation epoch is kept (early stopping).
