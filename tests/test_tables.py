@@ -303,3 +303,20 @@ def test_a_multirun_sweep_gives_one_row_per_swept_value(runs, tmp_path):
     assert list(overall["tag"]) == ["trainer.lr=0.001", "trainer.lr=0.002"]
     assert overall["HR@10 gain bft (p, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
     assert "TRIAL" not in mt.run_note(mt.load_runs(tmp_path / "multirun"), [])  # a sweep key is no trial override
+
+
+def test_header_says_which_runs_ran_at_which_commit_when_they_differ(runs, tmp_path):
+    """A table mixing commits lists each commit's cells (one commit: the single sha, no list)."""
+    mt = _make_tables()
+    _copy(runs, tmp_path)
+    for layer, sha in (("standard", "a" * 40), ("bft", "b" * 40)):
+        for seed in (0, 1):
+            env = tmp_path / "runs" / layer / f"seed{seed}" / "env.json"
+            env.write_text(json.dumps({**json.loads(env.read_text()), "git_sha": sha, "git_dirty": seed == 1}))
+    mt.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+    head = (tmp_path / "t" / "overall.md").read_text().split("\n\n")[1]
+    assert "commit(s): aaaaaaaaaa, aaaaaaaaaa+dirty, bbbbbbbbbb, bbbbbbbbbb+dirty;" in head
+    assert "\n  - at aaaaaaaaaa: synthetic: sasrec standard seed 0\n" in head, head
+    assert "\n  - at bbbbbbbbbb+dirty: synthetic: sasrec bft seed 1\n" in head, head
+    mt.main(["--runs", str(runs / "runs"), "--out", str(tmp_path / "one")])
+    assert "  - at " not in (tmp_path / "one" / "overall.md").read_text()
