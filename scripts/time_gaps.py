@@ -1,14 +1,19 @@
-"""How fine a dataset's timestamps are: the gaps between a user's consecutive interactions.
+"""How fine a dataset's timestamps are for HSTU's time bias: the time buckets of the pairs it attends over.
 
     BFTREC_DATA_ROOT=../shared/data python scripts/time_gaps.py \\
         --datasets ml-100k ml-1m sports beauty yelp --out results/hstu_time_bias/time_gaps.json
 
-HSTU's relative time bias (``model.time_bias``, ``bftrec/models/hstu.py``) puts each (query, key) pair
-into the bucket ``floor(ln(max(gap, 1)) / 0.301)`` of their time gap in seconds, so where most gaps
-are 0 s or a few seconds, most pairs share the first buckets and the bias has little to tell apart.
-Per dataset: the number of consecutive gaps (all interactions, per user, in sequence order), the
-share of gaps of 0 s, under 60 s, under 1 h and over 1 day, and the median gap. A dataset without
-timestamps is recorded as such. Reads data only; trains nothing.
+HSTU's relative time bias (``model.time_bias``, ``bftrec/models/hstu.py``) adds a learned value per
+bucket ``floor(ln(max(|τ_t - τ_j|, 1)) / 0.301)`` (``bftrec.models.hstu.time_buckets``) to every
+(query t, key j <= t) pair of a window. Per dataset, over the window each user is scored with (the
+last ``max_len`` items of the sequence, ``model.max_len`` of ``configs/tuned/<dataset>_hstu.yaml``):
+
+- ``pairs``: the (t, j < t) pairs (the diagonal, always bucket 0, is left out);
+- the share of pairs in bucket 0 (a gap of at most 1 s), under a minute, under an hour, over a day;
+- the median and the 90th percentile of the bucket, and how many buckets hold at least 1% of pairs;
+- ``consecutive``: the same shares for the gaps between a user's consecutive interactions.
+
+A dataset without timestamps is recorded as such. Reads data only; trains nothing.
 """
 from __future__ import annotations
 
@@ -19,23 +24,52 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bftrec.data.datasets import dataset_config, load_dataset  # noqa: E402
+from bftrec.models.hstu import HSTUConfig, time_buckets  # noqa: E402
 
 log = logging.getLogger("time_gaps")
 
 
-def gap_summary(timestamps: np.ndarray, offsets: np.ndarray) -> dict:
-    """Shares of consecutive per-user gaps (seconds) for CSR ``offsets`` (U + 1,) over ``timestamps`` (I,)."""
-    gaps = np.diff(timestamps.astype(np.int64))
-    within_user = np.ones(len(gaps), dtype=bool)
-    within_user[offsets[1:-1] - 1] = False  # the gap from one user's last item to the next user's first
-    gaps = gaps[within_user]
-    return {"gaps": int(len(gaps)), "share_0s": float((gaps == 0).mean()), "share_under_60s": float((gaps < 60).mean()),
-            "share_under_1h": float((gaps < 3600).mean()), "share_over_1day": float((gaps > 86400).mean()),
-            "median_s": float(np.median(gaps))}
+def shares(gaps: np.ndarray) -> dict:
+    """Shares of |gaps| (seconds) of at most 1 s (bucket 0), under 60 s, under 1 h and over 1 day."""
+    g = np.abs(gaps)
+    return {"share_bucket0": float((g <= 1).mean()), "share_under_60s": float((g < 60).mean()),
+            "share_under_1h": float((g < 3600).mean()), "share_over_1day": float((g > 86400).mean())}
+
+
+def window_pairs(timestamps: np.ndarray, offsets: np.ndarray, max_len: int) -> np.ndarray:
+    """(pairs,) int64 gaps τ_t - τ_j, j < t, within each user's last ``max_len`` items (CSR ``offsets``)."""
+    out = []
+    for u in range(len(offsets) - 1):
+        t = timestamps[max(offsets[u], offsets[u + 1] - max_len): offsets[u + 1]].astype(np.int64)
+        q, k = np.tril_indices(len(t), -1)  # query after key
+        out.append(t[q] - t[k])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def summary(timestamps: np.ndarray, offsets: np.ndarray, max_len: int, n_buckets: int) -> dict:
+    gaps = window_pairs(timestamps, offsets, max_len)
+    buckets = time_buckets(torch.from_numpy(gaps), n_buckets).numpy()
+    counts = np.bincount(buckets, minlength=n_buckets + 1) / max(len(buckets), 1)
+    within = np.ones(len(timestamps) - 1, dtype=bool)
+    within[offsets[1:-1] - 1] = False  # the step from one user's last item to the next user's first
+    consecutive = np.diff(timestamps.astype(np.int64))[within]
+    return {"max_len": max_len, "pairs": int(len(gaps)), **shares(gaps),
+            "median_bucket": float(np.median(buckets)), "p90_bucket": float(np.percentile(buckets, 90)),
+            "buckets_with_1pct": int((counts >= 0.01).sum()),
+            "consecutive": {"gaps": int(len(consecutive)), **shares(consecutive),
+                            "median_s": float(np.median(consecutive))}}
+
+
+def tuned_max_len(name: str) -> int:
+    path = ROOT / "configs" / "tuned" / f"{name}_hstu.yaml"
+    tuned = (yaml.safe_load(path.read_text()) or {}).get("model", {}) if path.exists() else {}
+    return int(tuned.get("max_len", HSTUConfig().max_len))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         if data.timestamps is None:
             out["datasets"][name] = {"timestamps": False}
         else:
-            out["datasets"][name] = {"timestamps": True, **gap_summary(data.timestamps, data.offsets)}
+            out["datasets"][name] = {"timestamps": True, **summary(data.timestamps, data.offsets, tuned_max_len(name),
+                                                                  HSTUConfig().n_time_buckets)}
         log.info("%s: %s", name, out["datasets"][name])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")

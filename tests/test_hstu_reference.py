@@ -44,3 +44,13 @@ def test_embeddings_have_the_reference_init():
     torch.testing.assert_close(item[1:].std().item(), 0.02 * TRUNC_STD, rtol=0.03, atol=0)
     assert pos.abs().max() <= 2 * D ** -0.5 + 1e-7
     torch.testing.assert_close(pos.std().item(), D ** -0.5 * TRUNC_STD, rtol=0.06, atol=0)
+
+
+def test_time_buckets_are_the_reference_log_buckets():
+    """floor(ln(max(|gap|, 1)) / 0.301), clipped: 0 s and 1 s share bucket 0, a minute is bucket 13,
+    a day bucket 37; the sign of the gap does not matter; large gaps stop at n_buckets."""
+    from bftrec.models.hstu import time_buckets
+
+    gaps = torch.tensor([0, 1, 2, 60, -60, 3600, 86400, 10**9])
+    assert time_buckets(gaps, 128).tolist() == [0, 0, 2, 13, 13, 27, 37, 68]
+    assert time_buckets(gaps, 30).tolist() == [0, 0, 2, 13, 13, 27, 30, 30]

@@ -109,6 +109,12 @@ class HSTUConfig:
     temperature: float = 0.05       # logits = cosine / temperature in the training loss
 
 
+def time_buckets(gap: torch.Tensor, n_buckets: int) -> torch.Tensor:
+    """The reference's bucket of a time gap: ``floor(ln(max(|gap|, 1)) / 0.301)``, clipped to
+    ``[0, n_buckets]``. ``gap``: int64 seconds, any shape; returns int64 of the same shape."""
+    return (gap.abs().clamp(min=1).double().log() / TIME_BUCKET_DIVISOR).long().clamp(0, n_buckets)
+
+
 class RelativeBias(nn.Module):
     """``rab_tj`` = ``pos_w[min(t - j, max_len - 1)]`` (+ ``time_w[bucket(τ_t - τ_j)]``).
 
@@ -130,8 +136,7 @@ class RelativeBias(nn.Module):
         if self.time_w is not None:
             if time is None:
                 raise ValueError("hstu with model.time_bias=true needs batch['time'] (B, L) int64")
-            gap = (time[:, :, None] - time[:, None, :]).abs().clamp(min=1).double()  # (B, T, T) seconds
-            bucket = (gap.log() / TIME_BUCKET_DIVISOR).long().clamp(0, self.n_time_buckets)  # (B, T, T)
+            bucket = time_buckets(time[:, :, None] - time[:, None, :], self.n_time_buckets)  # (B, T, T)
             bias = bias + self.time_w[bucket][:, None]  # (B, 1, T, T)
         return bias
 
