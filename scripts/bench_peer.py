@@ -376,7 +376,7 @@ def _run_dir(workdir: Path | None, dataset: str, seed: int):
         with tempfile.TemporaryDirectory() as tmp:
             yield Path(tmp)
     else:
-        path = workdir / f"{dataset}-seed{seed}"
+        path = (workdir / f"{dataset}-seed{seed}").resolve()  # RecBole reads its files after a chdir
         path.mkdir(parents=True, exist_ok=True)
         yield path
 
@@ -389,22 +389,27 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
 
     With ``workdir``, the state after each finished epoch (both frameworks' weights, optimizers and RNG
     streams, the rows and the best weights so far) is kept in ``workdir/<dataset>-seed<seed>/state.pt``,
-    and a rerun with the same settings continues from it. Raises SystemExit (one line) when that state
-    was written with other settings."""
+    and a rerun with the same settings (dataset, seed, hyperparameters, targets, epochs, patience,
+    scoring chunk, and the commit of bftrec's code) continues from it. Raises SystemExit (one line),
+    before anything is built, when that state was written with other settings."""
     data = load_dataset(dataset_config(dataset))
+    settings = {"dataset": dataset, "seed": seed, "hp": hp, "targets": targets, "epochs": epochs, "patience": patience,
+                "eval_batch_size": eval_batch_size, "bftrec_commit": CODE_STATE["git_sha"]}
     with _run_dir(workdir, dataset, seed) as tmp:
+        state_file, state, start = tmp / "state.pt", None, 1
+        if state_file.exists():
+            state = torch.load(state_file, map_location="cpu", weights_only=False)
+            if state["settings"] != settings:
+                diff = {k: (state["settings"].get(k), v) for k, v in settings.items() if state["settings"].get(k) != v}
+                raise SystemExit(f"bench_peer: error: {state_file} was written with other settings (was, now: "
+                                 f"{diff}); rerun with the same ones, use another --workdir, or delete {tmp}")
         fw = {"bftrec": Bftrec(data, hp, seed, targets, tmp / "bftrec")}
         (tmp / "bftrec").mkdir(exist_ok=True)
         (tmp / "recbole").mkdir(exist_ok=True)
         fw["recbole"] = Peer(rb, data, hp, seed, targets, tmp / "recbole", eval_batch_size)
         rows = {k: [] for k in fw}
         best = {k: {c: (-math.inf, 0, None) for c in CONVENTIONS} for k in fw}  # (valid NDCG@10, epoch, weights)
-        settings, state_file, start = {"dataset": dataset, "seed": seed, "hp": hp, "targets": targets}, tmp / "state.pt", 1
-        if state_file.exists():
-            state = torch.load(state_file, map_location="cpu", weights_only=False)
-            if state["settings"] != settings:
-                raise SystemExit(f"bench_peer: error: {state_file} was written with {state['settings']}, not "
-                                 f"{settings}; use another --workdir, or delete {tmp} to start again")
+        if state is not None:
             rows, best, start = state["rows"], state["best"], state["epoch"] + 1
             for k in fw:
                 fw[k].load_state(state["fw"][k])
@@ -538,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.eval_speed < 0:
         ap.error(f"--eval-speed {args.eval_speed} must be >= 0 (0 = train and compare)")
+    if args.epochs < 1 or args.patience < 1:
+        ap.error(f"--epochs {args.epochs} and --patience {args.patience} must be >= 1")
     if args.out is None:
         args.out = REPO / "results" / "bench" / ("peer_eval_cpu.json" if args.eval_speed else "peer_cpu.json")
     rb = import_recbole()  # first: without RecBole, fail in one line before any data is read

@@ -1,6 +1,7 @@
 """scripts/bench_peer.py without RecBole: the export to RecBole atomic files, the id layout of the score
 adapter, and the one-line error when RecBole is missing."""
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -192,5 +193,33 @@ def test_run_pair_resumes_from_its_workdir_as_if_never_stopped(tmp_path, monkeyp
         for c in bench.CONVENTIONS:
             sw, sr = whole[k]["selected"][c], resumed[k]["selected"][c]
             assert sw["best_epoch"] == sr["best_epoch"] and sw["test"] == pytest.approx(sr["test"], rel=1e-6)
-    with pytest.raises(SystemExit, match=r"state.pt was written with .*'targets': 'window'.*use another --workdir"):
-        bench.run_pair(**{**args, "targets": "all"}, workdir=tmp_path / "resumed")
+    for change in ({"targets": "all"}, {"epochs": 5}, {"patience": 3}):
+        key, value = next(iter(change.items()))
+        with pytest.raises(SystemExit, match=rf"other settings \(was, now: .*'{key}': \({args[key]!r}, {value!r}\)"):
+            bench.run_pair(**{**args, **change}, workdir=tmp_path / "resumed")
+
+
+def test_run_pair_workdir_may_be_relative(tmp_path, monkeypatch, data):
+    """RecBole reads its files after changing directory, so the run folder is made absolute."""
+    bench = load_script("bench_peer")
+    seen = []
+
+    class Peer:
+        def __init__(self, rb, data, hp, seed, targets, workdir, eval_batch_size):
+            seen.append(workdir)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "Peer", Peer)
+    monkeypatch.setattr(bench, "load_dataset", lambda cfg: data)
+    monkeypatch.chdir(tmp_path)
+    hp = {**bench.hyperparameters("synthetic", []), "max_len": L}
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_pair(None, "synthetic", 0, 1, 1, hp, "window", 64, workdir=Path("rel"))
+    assert seen == [tmp_path.resolve() / "rel" / "synthetic-seed0" / "recbole"]
+
+
+@pytest.mark.parametrize("flags", [["--epochs", "0"], ["--patience", "0"]])
+def test_epochs_and_patience_below_one_are_refused(tmp_path, capsys, flags):
+    with pytest.raises(SystemExit) as e:
+        load_script("bench_peer").main([*flags, "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
