@@ -118,7 +118,11 @@ def _expected(schema: type, key: str, prefix: str) -> str:
     default = f.default_factory() if f.default_factory is not MISSING else f.default
     if default is MISSING:
         return ""
-    shown = "[" + ",".join(map(str, default)) + "]" if isinstance(default, (list, tuple)) else default
+    if isinstance(default, (list, tuple)):
+        shown = "[" + ",".join(map(str, default)) + "]"
+    else:  # Hydra's spellings: null for None, '' for the empty string, true/false
+        shown = {None: "null", "": "''", True: "true", False: "false"}.get(default, default) \
+            if isinstance(default, (type(None), str, bool)) else default
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     return f"; expected {kind}, e.g. {prefix}{key}={shown}"
 

@@ -9,8 +9,9 @@ Yelp), it times forward + backward of ``(logits * w).sum()`` through:
 - ``dense``: blocks of (chunk, N + 1) logits ``h @ table.T`` and a column gather
   (``DENSE_NEGATIVES_BLOCK`` elements per block).
 
-Each is timed ``--reps`` times, interleaved, after one warm-up; medians of the process CPU time
-(one thread, so robust to other jobs on the machine). The JSON records, per size, both medians, their
+Each is timed ``--reps`` times, interleaved (the order alternating), after one warm-up; medians of
+the process CPU time (robust to other jobs on the machine; with ``--threads`` > 1 it sums the
+threads, so it is CPU-seconds, not wall time). On a GPU the crossover differs and is not measured. The JSON records, per size, both medians, their
 ratio, the route the rule ``N + 1 <= DENSE_NEGATIVES_RATIO * K`` takes, and whether that route was
 the faster one here, so a rule that is wrong on this machine shows up as ``rule_takes_faster: false``.
 
@@ -72,13 +73,15 @@ def main(argv: list[str] | None = None) -> None:
         neg = torch.randint(1, n_items + 1, (a.positions, a.negatives), generator=g)
         w = torch.randn(a.positions, a.negatives, generator=g)
         times = {r: [] for r in ROUTES}
-        for rep in range(a.reps + 1):  # rep 0 is the warm-up
-            for route, forced in ROUTES.items():
-                base.DENSE_NEGATIVES_RATIO = forced
-                s = step_seconds(h, table, neg, w)
-                if rep:
-                    times[route].append(s)
-        base.DENSE_NEGATIVES_RATIO = ratio
+        try:
+            for rep in range(a.reps + 1):  # rep 0 is the warm-up; the order alternates between reps
+                for route in list(ROUTES) if rep % 2 else list(ROUTES)[::-1]:
+                    base.DENSE_NEGATIVES_RATIO = ROUTES[route]
+                    s = step_seconds(h, table, neg, w)
+                    if rep:
+                        times[route].append(s)
+        finally:
+            base.DENSE_NEGATIVES_RATIO = ratio
         med = {r: statistics.median(v) for r, v in times.items()}
         rule = "dense" if n_items + 1 <= ratio * a.negatives else "gather"
         rows.append({"dataset": name, "items": n_items, "d_model": d,

@@ -142,8 +142,8 @@ def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
 
 
 def describe_missing(missing: list[tuple]) -> list[str]:
-    """Missing cells as compact lines, one per dataset: ``office: sasrec bft seeds 1, 2; hstu
-    standard, bft seeds 0, 1, 2`` (backbones missing the same are listed together)."""
+    """Missing cells as compact lines, one per dataset: ``office: sasrec bft seeds 1, 2 and standard
+    seed 2; hstu standard, bft seeds 0, 1, 2`` (backbones missing the same are listed together)."""
     per_cell: dict = {}
     for d, m, t, layer, s in missing:
         per_cell.setdefault((d, m, t), {}).setdefault(layer, []).append(str(s))
@@ -152,7 +152,7 @@ def describe_missing(missing: list[tuple]) -> list[str]:
         by_seeds: dict = {}
         for layer, seeds in layers.items():
             by_seeds.setdefault(", ".join(seeds), []).append(layer)
-        what = "; ".join(f"{', '.join(ls)} seed{'s' if ',' in s else ''} {s}" for s, ls in by_seeds.items())
+        what = " and ".join(f"{', '.join(ls)} seed{'s' if ',' in s else ''} {s}" for s, ls in by_seeds.items())
         per_ds.setdefault(d, {}).setdefault(what, []).append(m + (f" [{t}]" if t else ""))
     return [f"{d}: " + "; ".join(f"{', '.join(models)} {what}" for what, models in items.items())
             for d, items in per_ds.items()]
@@ -672,13 +672,13 @@ def runs_by_commit(runs: list[dict]) -> dict:
     commits: ``{"5de5180c23": ["sports: sasrec bft, standard seed 0"], ...}``."""
     per: dict = {}
     for r in runs:
-        sha = r["_env"].get("git_sha", "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
+        sha = (r["_env"].get("git_sha") or "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
         per.setdefault(sha, []).append((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
     return {sha: describe_missing(sorted(cells)) for sha, cells in sorted(per.items())}
 
 
 def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ()) -> str:
-    shas = sorted({r["_env"].get("git_sha", "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
+    shas = sorted({(r["_env"].get("git_sha") or "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
                    for r in runs})
     hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
                  f"{r['_env'].get('threads', '?')} threads)" for r in runs})

@@ -111,6 +111,8 @@ def test_refused_grid_cell_is_its_line_alone(results):
 @pytest.mark.parametrize("override, hint", [
     ("betas=0.9", "; expected list, e.g. trainer.betas=[0.9,0.999]"),
     ("epochs=1.5", "; expected int, e.g. trainer.epochs=200"),
+    ("train_window_stride=abc", "; expected Optional[int], e.g. trainer.train_window_stride=null"),  # Hydra's None
+    ("progress=maybe", "; expected bool, e.g. trainer.progress=true"),
 ])
 def test_a_bad_value_names_the_expected_type_and_an_example(override, hint):
     """The one-line error for an ill-typed value ends with the field's type and its default as the fix."""

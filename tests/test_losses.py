@@ -240,6 +240,7 @@ def test_per_position_logits_routes_agree_in_value_and_gradient(monkeypatch) -> 
         blocks.clear()
         out = base.per_position_logits(h, table, neg)
         assert len(blocks) == (8 if route == "dense" else 0), (route, len(blocks))
+        assert base.per_position_logits(h[:0], table, neg[:0]).shape == (0, 8), route  # no positions
         (out * w).sum().backward()
         got[route] = (out.detach(), h.grad, table.grad)
     loop = torch.stack([table0[neg[p]] @ h0[p] for p in range(37)])

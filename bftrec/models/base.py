@@ -340,6 +340,8 @@ def per_position_logits(h: torch.Tensor, table: torch.Tensor, neg: torch.Tensor)
     chunk = max(1, DENSE_NEGATIVES_BLOCK // n_rows)
     blocks = [torch.gather(h[s:s + chunk] @ table.t(), 1, neg[s:s + chunk])  # (chunk, R) -> (chunk, K)
               for s in range(0, len(h), chunk)]
+    if not blocks:  # P = 0
+        return h.new_zeros(0, k)
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
