@@ -134,7 +134,7 @@ keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
 # come from a dense (chunk, N + 1) matmul and a column gather when N + 1 <= DENSE_NEGATIVES_RATIO * K,
 # and otherwise from a gathered (P, K, D) block. Both give the same logits; the gather is memory-bound,
 # so the dense route, N / K times the multiply-adds, is cheaper up to 80-90 K rows on one CPU thread
-# (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2.3x on ML-1M, 6.6x on ml-100k, 1.1x on Instruments;
+# (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2.2x on ML-1M, 5.8x on ml-100k, 1.1x on Instruments;
 # Beauty is a tie; it varies by 10-20% between runs).
 DENSE_NEGATIVES_RATIO = 80
 DENSE_NEGATIVES_BLOCK = 1 << 21  # elements of one (chunk, N + 1) block of the dense route (8 MB float32)
