@@ -133,7 +133,7 @@ keeps the buffer at N x 128 floats (9.4 MB for Sports)."""
 # Per-position negatives (negatives_per=position): with N + 1 table rows and K negatives, the logits
 # come from a dense (chunk, N + 1) matmul and a column gather when N + 1 <= DENSE_NEGATIVES_RATIO * K,
 # and otherwise from a gathered (P, K, D) block. Both give the same logits; the gather is memory-bound,
-# so the dense route, N / K times the multiply-adds, is cheaper up to 80-90 K rows on one CPU thread
+# so the dense route, N / K times the multiply-adds, is cheaper up to 80-90 x K rows on one CPU thread
 # (results/bench/negatives_cpu.json, scripts/bench_negatives.py: 2.2x on ML-1M, 5.8x on ml-100k, 1.1x on Instruments;
 # Beauty is a tie; it varies by 10-20% between runs).
 DENSE_NEGATIVES_RATIO = 80
