@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     out = {"command": "python scripts/time_gaps.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "datasets": {}}
     for name in args.datasets:
-        data = load_dataset(dataset_config(name))
+        try:
+            data = load_dataset(dataset_config(name))
+        except (ValueError, OSError) as e:  # unknown name, missing or malformed files: one line
+            sys.exit(f"time_gaps: error: {e}")
         if data.timestamps is None:
             out["datasets"][name] = {"timestamps": False}
         else:

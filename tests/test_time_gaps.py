@@ -16,3 +16,9 @@ def test_pairs_and_consecutive_gaps_stay_within_users():
     assert out["share_under_60s"] == pytest.approx(2 / 6) and out["share_under_1h"] == pytest.approx(4 / 6)
     cons = out["consecutive"]  # 0, 100 | 5, 3990: the 100 -> 5 step between users is no gap
     assert cons["gaps"] == 4 and cons["share_bucket0"] == pytest.approx(1 / 4) and cons["median_s"] == 52.5
+
+
+def test_unknown_dataset_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_script("time_gaps").main(["--datasets", "sportz", "--out", str(tmp_path / "x.json")])
+    assert "time_gaps: error: unknown dataset 'sportz'" in str(e.value) and not (tmp_path / "x.json").exists()
