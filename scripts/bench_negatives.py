@@ -11,8 +11,9 @@ Yelp), it times forward + backward of ``(logits * w).sum()`` through:
 
 Each is timed ``--reps`` times, interleaved (the order alternating), after one warm-up; medians of
 the process CPU time (robust to other jobs on the machine; with ``--threads`` > 1 it sums the
-threads, so it is CPU-seconds, not wall time). On a GPU the crossover differs and is not measured. The JSON records, per size, both medians, their
-ratio, the route the rule ``N + 1 <= DENSE_NEGATIVES_RATIO * K`` takes, and whether that route was
+threads, so it is CPU-seconds, not wall time). On a GPU the crossover differs and is not measured.
+The JSON records, per size, both medians, their ratio, the route the rule
+(``base.dense_negatives``: ``N + 1 <= DENSE_NEGATIVES_RATIO * K``) takes, and whether that route was
 the faster one here, so a rule that is wrong on this machine shows up as ``rule_takes_faster: false``.
 
 Usage::
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             base.DENSE_NEGATIVES_RATIO = ratio
         med = {r: statistics.median(v) for r, v in times.items()}
-        rule = "dense" if n_items + 1 <= ratio * a.negatives else "gather"
+        rule = "dense" if base.dense_negatives(n_items + 1, a.negatives) else "gather"
         rows.append({"dataset": name, "items": n_items, "d_model": d,
                      "gather_s": round(med["gather"], 4), "dense_s": round(med["dense"], 4),
                      "gather_over_dense": round(med["gather"] / med["dense"], 2), "rule_takes": rule,

@@ -140,6 +140,12 @@ DENSE_NEGATIVES_RATIO = 80
 DENSE_NEGATIVES_BLOCK = 1 << 21  # elements of one (chunk, N + 1) block of the dense route (8 MB float32)
 
 
+def dense_negatives(n_rows: int, k: int) -> bool:
+    """Whether :func:`per_position_logits` takes the dense route for ``n_rows`` table rows and ``k``
+    negatives per position: ``n_rows <= DENSE_NEGATIVES_RATIO * k``."""
+    return n_rows <= DENSE_NEGATIVES_RATIO * k
+
+
 class _ChunkedLogSumExp(torch.autograd.Function):
     """``sum_p logsumexp_j scale * (h_p . table_j + bias_j)`` over chunks of rows; see :func:`chunked_ce`.
 
@@ -335,7 +341,7 @@ def per_position_logits(h: torch.Tensor, table: torch.Tensor, neg: torch.Tensor)
         (P, K, D) block times h, about P K D x 4 bytes, twice with its gradient.
     """
     n_rows, k = table.shape[0], neg.shape[1]
-    if n_rows > DENSE_NEGATIVES_RATIO * k:
+    if not dense_negatives(n_rows, k):
         return torch.bmm(table[neg], h.unsqueeze(-1)).squeeze(-1)  # (P, K, D) @ (P, D, 1) -> (P, K)
     chunk = max(1, DENSE_NEGATIVES_BLOCK // n_rows)
     blocks = [torch.gather(h[s:s + chunk] @ table.t(), 1, neg[s:s + chunk])  # (chunk, R) -> (chunk, K)
