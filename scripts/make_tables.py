@@ -667,19 +667,22 @@ def budgets(runs: list[dict]) -> list[str]:
     return [f"{k}: {' | '.join(sorted(v))}" for k, v in sorted(per.items())]
 
 
+def commit_label(run: dict) -> str:
+    """A run's commit as the headers show it: 10 hex digits, ``+dirty`` when tracked files differed."""
+    return (run["_env"].get("git_sha") or "?")[:10] + ("+dirty" if run["_env"].get("git_dirty") else "")
+
+
 def runs_by_commit(runs: list[dict]) -> dict:
     """The runs of each commit as compact cell lines (``describe_missing``'s form), when a table mixes
     commits: ``{"5de5180c23": ["sports: sasrec bft, standard seed 0"], ...}``."""
     per: dict = {}
     for r in runs:
-        sha = (r["_env"].get("git_sha") or "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
-        per.setdefault(sha, []).append((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
+        per.setdefault(commit_label(r), []).append((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
     return {sha: describe_missing(sorted(cells)) for sha, cells in sorted(per.items())}
 
 
 def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ()) -> str:
-    shas = sorted({(r["_env"].get("git_sha") or "?")[:10] + ("+dirty" if r["_env"].get("git_dirty") else "")
-                   for r in runs})
+    shas = sorted({commit_label(r) for r in runs})
     hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
                  f"{r['_env'].get('threads', '?')} threads)" for r in runs})
     dates = sorted(r["_env"].get("started", "?")[:10] for r in runs)
