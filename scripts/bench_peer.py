@@ -252,14 +252,12 @@ class Bftrec:
                 "native_valid": {"HR@10": row["valid_HR@10"], "NDCG@10": row["valid_NDCG@10"]}}
 
     def state(self) -> dict:
-        """What resuming needs beyond ``last.pt`` in its folder (``fit`` restores weights, optimizer, RNG)."""
-        return {"epoch": self.epoch, "rng": self.rng}
+        """What resuming needs beyond ``last.pt`` in its folder: the epoch. ``fit`` restores weights,
+        optimizer and RNG from ``last.pt`` at the next epoch (``self.rng`` only seeds epoch 1)."""
+        return {"epoch": self.epoch}
 
     def load_state(self, state: dict) -> None:
-        self.epoch, self.rng = state["epoch"], state["rng"]
-        if self.epoch:
-            ckpt = torch.load(self.dir / "last.pt", map_location="cpu", weights_only=False)
-            self.model.load_state_dict(ckpt["model"])  # the scorer between epochs: the last epoch's weights
+        self.epoch = state["epoch"]
 
     def validate(self) -> dict:
         """bftrec's native validation, as ``fit`` runs it after an epoch: full ranking, history masked."""
