@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import bftrec.models  # noqa: F401  registers the backbones
-from bftrec.models import base
 from bftrec.config import ConfigError
 from bftrec.layers import LAYER_CONFIGS
-from bftrec.models import MODELS, DataInfo
+from bftrec.models import MODELS, DataInfo, base
 from bftrec.models.base import chunked_ce, next_item_loss, plain_ce
 
 TOL = dict(atol=1e-6, rtol=1e-5)
@@ -226,7 +225,8 @@ def test_per_position_logits_routes_agree_in_value_and_gradient(monkeypatch) -> 
     """The dense route (matmul + column gather, in blocks) and the (P, K, D) gather give the same
     logits and gradients for h and the table, and the auto choice follows DENSE_NEGATIVES_RATIO."""
     g = torch.Generator().manual_seed(11)
-    h0, table0 = torch.randn(37, 6, generator=g, dtype=torch.float64), torch.randn(41, 6, generator=g, dtype=torch.float64)
+    h0 = torch.randn(37, 6, generator=g, dtype=torch.float64)
+    table0 = torch.randn(41, 6, generator=g, dtype=torch.float64)
     neg = torch.randint(0, 41, (37, 8), generator=g)
     w = torch.randn(37, 8, generator=g, dtype=torch.float64)
     # ML-1M's HSTU (3,707 rows, K=128) takes the dense route; Sports' (18,358 rows) the gather

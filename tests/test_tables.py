@@ -154,7 +154,8 @@ def test_missing_cells_are_listed_compactly_per_dataset():
     missing += [("office", "sasrec", "", "standard", 0)]
     assert describe(missing) == ["lastfm: hstu, sasrec bft, bft_h seeds 1, 2", "office: sasrec standard seed 0"]
     # a backbone whose layers miss different seeds reads as one entry, not as a second backbone
-    mixed = [("ml-1m", "hstu", "", "standard", 0), ("ml-1m", "sasrec", "", "bft", 1), ("ml-1m", "sasrec", "", "standard", 0)]
+    mixed = [("ml-1m", "hstu", "", "standard", 0), ("ml-1m", "sasrec", "", "bft", 1),
+             ("ml-1m", "sasrec", "", "standard", 0)]
     assert describe(mixed) == ["ml-1m: hstu standard seed 0; sasrec bft seed 1 and standard seed 0"]
 
 

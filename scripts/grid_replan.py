@@ -1,0 +1,167 @@
+"""A grid's cost measured on its finished cells, and the rest projected again from them; writes JSON.
+
+    python scripts/grid_replan.py --runs results/paper_main/runs \\
+        --estimate results/bench/grid_main_cpu.json --out results/bench/grid_main_replan.json \\
+        --slices-md results/paper_main/slices_left.md
+
+``scripts/bench_grid_cost.py`` projects a grid before it runs, from 2 timed epochs per (dataset,
+backbone, layer) and a proxy for the number of epochs. This script compares that projection with the
+cells that have finished (``metrics.json`` present) and projects the missing cells again:
+
+1. **Finished cells** (every cell of the estimate with a ``metrics.json`` under ``--runs``): epochs
+   run and the best epoch (``history.csv``, ``metrics.json``), s/epoch = the median over epochs of
+   training + validation seconds, run seconds = their sum, each beside the estimate's figure and
+   their ratio. The run seconds leave out data loading and test scoring, and they include whatever
+   shared the cores at the time (a third run, a pause): the ratio says how far the estimate was from
+   what the grid met on the machine, not what a cell costs alone.
+2. **Missing cells**, one rule each, stated in the JSON:
+   - s/epoch: the median measured s/epoch of the finished cells of the same (dataset, backbone,
+     layer); else the estimate's s/epoch times the median measured/estimated ratio of the finished
+     cells of the same backbone and layer; else of the same backbone; else of all finished cells;
+   - epochs: the mean epochs run by the finished cells of the same (dataset, backbone, layer); else of
+     the same backbone and layer on any dataset; else the estimate's proxy; never above the epoch cap;
+   - fixed overhead: the estimate's, scaled by the same ratio as s/epoch.
+   The worst case (every missing cell to its epoch cap) is reported beside it.
+3. **Slices** of the missing cells, breadth first, of at most ``--slice-hours`` each at ``--n-jobs``
+   runs side by side (``bench_grid_cost.slices``).
+
+Raises SystemExit (one line) on a missing estimate or runs folder, or an estimate without cells.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_grid_cost as cost  # noqa: E402  (a sibling script, not a package)
+
+KEY = ["dataset", "model", "layer"]
+
+
+def finished_cells(runs: Path, grid: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell of ``grid`` finished under ``runs``: epochs run, best epoch, measured seconds.
+
+    Args:
+        runs: a grid's runs folder, ``<runs>/<dataset>/<model>/<layer>/seed<k>/``.
+        grid: the estimate's cells (columns dataset, model, layer, seed, s_per_epoch, expected_s, ...).
+    """
+    rows = []
+    for g in grid.to_dict("records"):
+        d = runs / g["dataset"] / g["model"] / g["layer"] / f"seed{g['seed']}"
+        if not (d / "metrics.json").exists():
+            continue
+        h = pd.read_csv(d / "history.csv")
+        per_epoch = h["train_seconds"] + h["eval_seconds"].fillna(0)  # (epochs,) s
+        s = float(per_epoch.median())
+        rows.append({**{k: g[k] for k in [*KEY, "seed"]}, "epochs_run": int(len(h)),
+                     "best_epoch": int(json.loads((d / "metrics.json").read_text())["best_epoch"]),
+                     "s_per_epoch": round(s, 2), "s_per_epoch_estimated": g["s_per_epoch"],
+                     "ratio_s_per_epoch": round(s / g["s_per_epoch"], 3),
+                     "run_s": round(float(per_epoch.sum()), 1), "expected_s": g["expected_s"],
+                     "ratio_run_s": round(float(per_epoch.sum()) / g["expected_s"], 3),
+                     "epochs_expected": g["epochs_expected"]})
+    return pd.DataFrame(rows)
+
+
+def _ratio(done: pd.DataFrame, cell: dict) -> tuple[float, str]:
+    """Measured/estimated s/epoch ratio for a cell with no measurement of its own, and its source."""
+    for cols, what in ((["model", "layer"], "backbone and layer"), (["model"], "backbone")):
+        same = done
+        for c in cols:
+            same = same[same[c] == cell[c]]
+        if len(same):
+            rule = f"estimate x median ratio of its {what} ({len(same)} cells)"
+            return float(same["ratio_s_per_epoch"].median()), rule
+    return float(done["ratio_s_per_epoch"].median()), f"estimate x median ratio of all ({len(done)} cells)"
+
+
+def project_missing(grid: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
+    """One row per missing cell: s/epoch, epochs, expected and cap seconds, with the rule used (module doc)."""
+    have = set(map(tuple, done[[*KEY, "seed"]].values.tolist())) if len(done) else set()
+    rows = []
+    for g in grid.to_dict("records"):
+        if (g["dataset"], g["model"], g["layer"], g["seed"]) in have:
+            continue
+        same = done[(done["dataset"] == g["dataset"]) & (done["model"] == g["model"])
+                    & (done["layer"] == g["layer"])] if len(done) else done
+        if len(same):
+            spe, ratio, src = float(same["s_per_epoch"].median()), float(same["ratio_s_per_epoch"].median()), \
+                f"measured ({len(same)} cells)"
+        elif len(done):
+            ratio, src = _ratio(done, g)
+            spe = g["s_per_epoch"] * ratio
+        else:
+            spe, ratio, src = g["s_per_epoch"], 1.0, "estimate (no cell finished)"
+        ml = done[(done["model"] == g["model"]) & (done["layer"] == g["layer"])] if len(done) else done
+        if len(same):
+            ep, ep_src = float(same["epochs_run"].mean()), f"mean epochs run, same cell ({len(same)})"
+        elif len(ml):
+            ep, ep_src = float(ml["epochs_run"].mean()), f"mean epochs run, same backbone and layer ({len(ml)})"
+        else:
+            ep, ep_src = float(g["epochs_expected"]), "the estimate's proxy"
+        ep = min(ep, g["epochs_cap"])
+        over = g["overhead_s"] * ratio
+        rows.append({**{k: g[k] for k in [*KEY, "seed"]}, "s_per_epoch": round(spe, 2), "s_per_epoch_rule": src,
+                     "epochs": round(ep, 1), "epochs_rule": ep_src, "epochs_cap": g["epochs_cap"],
+                     "expected_s": round(ep * spe + over, 1), "cap_s": round(g["epochs_cap"] * spe + over, 1)})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, required=True, help="the grid's runs folder")
+    ap.add_argument("--estimate", type=Path, required=True, help="bench_grid_cost.py's JSON for the grid")
+    ap.add_argument("--n-jobs", type=int, default=2, help="runs side by side when projecting wall time")
+    ap.add_argument("--first", default="sports,instruments", help="datasets whose seeds 1-2 come first")
+    ap.add_argument("--slice-hours", type=float, default=2.5, help="wall-time limit of one slice")
+    ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    ap.add_argument("--slices-md", type=Path, help="markdown file for the slices of the missing cells")
+    args = ap.parse_args(argv)
+    if not args.runs.is_dir():
+        raise SystemExit(f"grid_replan: no runs folder {args.runs}; pass the grid's <out_root>/runs")
+    if not args.estimate.exists():
+        raise SystemExit(f"grid_replan: no estimate {args.estimate}; make it with scripts/bench_grid_cost.py")
+    est = json.loads(args.estimate.read_text())
+    if not est.get("cells"):
+        raise SystemExit(f"grid_replan: {args.estimate} lists no cells; is it bench_grid_cost.py's JSON?")
+    grid = pd.DataFrame(est["cells"])
+    done = finished_cells(args.runs, grid)
+    left = project_missing(grid, done)
+    sl = cost.slices(left, args.first.split(","), args.n_jobs, args.slice_hours * 3600) if len(left) else []
+    summary = {}
+    if len(done):
+        summary = {"cells": int(len(done)), "run_core_h": round(done["run_s"].sum() / 3600, 2),
+                   "expected_core_h": round(done["expected_s"].sum() / 3600, 2),
+                   "median_ratio_s_per_epoch": float(done["ratio_s_per_epoch"].median()),
+                   "median_ratio_epochs": float((done["epochs_run"] / done["epochs_expected"]).median())}
+    result = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.now().isoformat(timespec="seconds"), "grid": est["grid"], "out": str(args.out),
+        "estimate": {"file": str(args.estimate), "date": est["date"], "device": est["device"]},
+        "device": est["device"], "n_jobs": args.n_jobs, "threads": est.get("threads", 1),
+        "cpu_overrides": est.get("cpu_overrides", []),
+        "finished": summary,
+        "totals": {"cells": int(len(left)),
+                   "expected_core_h": round(left["expected_s"].sum() / 3600, 1) if len(left) else 0.0,
+                   "expected_wall_h": round(left["expected_s"].sum() / args.n_jobs / 3600, 1) if len(left) else 0.0,
+                   "cap_core_h": round(left["cap_s"].sum() / 3600, 1) if len(left) else 0.0},
+        "slices": sl,
+        "finished_cells": done.to_dict("records"),
+        "missing_cells": left.to_dict("records"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.slices_md:
+        args.slices_md.parent.mkdir(parents=True, exist_ok=True)
+        args.slices_md.write_text(cost.slices_md(result).replace(
+            "# Slices of the", "# Slices of the missing cells of the", 1))
+    print(f"wrote {args.out}" + (f" and {args.slices_md}" if args.slices_md else ""))
+
+
+if __name__ == "__main__":
+    main()

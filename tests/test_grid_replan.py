@@ -1,0 +1,66 @@
+"""scripts/grid_replan.py: a grid's finished cells against the estimate, and the rest projected again (no runs)."""
+import json
+
+import pandas as pd
+import pytest
+
+from tests.scripts import load_script
+
+
+def _estimate(path, cells):
+    rows = [{"dataset": d, "model": m, "layer": lay, "seed": s, "s_per_epoch": spe, "overhead_s": 10.0,
+             "epochs_expected": 40, "epochs_cap": 200, "expected_s": 40 * spe + 10.0, "cap_s": 200 * spe + 10.0}
+            for d, m, lay, s, spe in cells]
+    path.write_text(json.dumps({"grid": "main", "date": "2026-12-01T00:00:00", "device": "cpu x2", "threads": 1,
+                                "cpu_overrides": ["trainer.device=cpu"], "cells": rows}))
+
+
+def _finish(runs, cell, seconds, best):
+    d = runs.joinpath(*cell.split("/"))
+    d.mkdir(parents=True)
+    pd.DataFrame({"epoch": range(1, len(seconds) + 1), "train_seconds": [s - 1.0 for s in seconds],
+                  "eval_seconds": [1.0] * len(seconds)}).to_csv(d / "history.csv", index=False)
+    (d / "metrics.json").write_text(json.dumps({"best_epoch": best}))
+
+
+def test_replan_measures_finished_cells_and_projects_the_rest(tmp_path):
+    rp = load_script("grid_replan")
+    est = tmp_path / "est.json"
+    _estimate(est, [("sports", "sasrec", "standard", 0, 10.0), ("sports", "sasrec", "standard", 1, 10.0),
+                    ("toys", "sasrec", "standard", 0, 5.0), ("toys", "hstu", "bft", 0, 4.0)])
+    runs = tmp_path / "runs"
+    _finish(runs, "sports/sasrec/standard/seed0", [20.0, 20.0, 26.0, 20.0], best=2)  # median 20: ratio 2
+    (runs / "sports/sasrec/standard/seed1").mkdir(parents=True)  # started, unfinished: a missing cell
+    out = tmp_path / "replan.json"
+    rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out), "--slices-md", str(tmp_path / "s.md")])
+    r = json.loads(out.read_text())
+    (done,) = r["finished_cells"]
+    assert done["epochs_run"] == 4 and done["best_epoch"] == 2 and done["s_per_epoch"] == 20.0
+    assert done["ratio_s_per_epoch"] == 2.0 and done["run_s"] == 86.0 and done["ratio_run_s"] == round(86 / 410, 3)
+    left = {(c["dataset"], c["model"], c["seed"]): c for c in r["missing_cells"]}
+    assert set(left) == {("sports", "sasrec", 1), ("toys", "sasrec", 0), ("toys", "hstu", 0)}
+    same = left[("sports", "sasrec", 1)]  # its own (dataset, backbone, layer) was measured
+    assert same["s_per_epoch"] == 20.0 and same["epochs"] == 4 and same["expected_s"] == 4 * 20.0 + 10.0 * 2.0
+    other = left[("toys", "sasrec", 0)]  # the estimate scaled by its backbone and layer's ratio
+    assert other["s_per_epoch"] == 10.0 and "backbone and layer" in other["s_per_epoch_rule"]
+    assert other["epochs"] == 4  # epochs of the same backbone and layer elsewhere
+    hstu = left[("toys", "hstu", 0)]  # nothing of its backbone finished: all cells' ratio, the estimate's epochs
+    assert hstu["s_per_epoch"] == 8.0 and "all" in hstu["s_per_epoch_rule"] and hstu["epochs"] == 40
+    assert r["totals"]["cells"] == 3 and sum(s["cells"] for s in r["slices"]) == 3
+    assert "missing cells" in (tmp_path / "s.md").read_text()
+
+
+def test_replan_bad_input_is_one_line(tmp_path):
+    rp = load_script("grid_replan")
+
+    def call(runs):
+        rp.main(["--runs", str(tmp_path / runs), "--estimate", str(tmp_path / "e.json"), "--out", str(tmp_path / "o")])
+
+    with pytest.raises(SystemExit, match="no runs folder"):
+        call("nope")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(SystemExit, match="no estimate"):
+        call("runs")
+    (tmp_path / "e.json").write_text("{}")
+    with pytest.raises(SystemExit, match="lists no cells"):
+        call("runs")
