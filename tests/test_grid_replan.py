@@ -50,6 +50,24 @@ def test_replan_measures_finished_cells_and_projects_the_rest(tmp_path):
     assert "missing cells" in (tmp_path / "s.md").read_text()
 
 
+def test_replan_scales_the_other_layer_of_the_same_dataset_and_backbone(tmp_path):
+    rp = load_script("grid_replan")
+    est = tmp_path / "est.json"
+    _estimate(est, [("sports", "sasrec", "standard", 0, 10.0), ("sports", "sasrec", "bft", 0, 8.0),
+                    ("toys", "sasrec", "standard", 0, 5.0), ("toys", "sasrec", "bft", 0, 5.0)])
+    runs = tmp_path / "runs"  # the backbone-and-layer rule would give 8 x 3 = 24 s/epoch
+    _finish(runs, "sports/sasrec/standard/seed0", [20.0] * 4, best=3)
+    _finish(runs, "toys/sasrec/standard/seed0", [10.0] * 3, best=2)
+    _finish(runs, "toys/sasrec/bft/seed0", [15.0] * 5, best=4)  # bft/standard s/epoch 1.5 on toys
+    out = tmp_path / "replan.json"
+    rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out)])
+    (cell,) = json.loads(out.read_text())["missing_cells"]
+    assert (cell["dataset"], cell["layer"]) == ("sports", "bft")
+    assert cell["s_per_epoch"] == 30.0 and "measured standard on the same dataset" in cell["s_per_epoch_rule"]
+    assert cell["epochs"] == 4 and "same dataset and backbone" in cell["epochs_rule"]  # not bft's 5 on toys
+    assert cell["expected_s"] == 4 * 30.0 + 10.0 * 30.0 / 8.0  # overhead scaled by 30 / 8
+
+
 def test_replan_bad_input_is_one_line(tmp_path):
     rp = load_script("grid_replan")
 
