@@ -22,7 +22,7 @@ cells that have finished (``metrics.json`` present) and projects the missing cel
      backbone and layer; else of the same backbone; else of all finished cells;
    - epochs: the mean epochs run by the finished cells of the same (dataset, backbone, layer); else of
      the same (dataset, backbone) in any layer (how long a backbone trains depends more on the data
-     than on the layer: ML-1M BERT4Rec ran 145 epochs, 2-3x its other datasets); else of the same
+     than on the layer: ML-1M BERT4Rec ran 145 epochs, its other datasets 44-96); else of the same
      backbone and layer on any dataset; else the estimate's proxy; never above the epoch cap;
    - fixed overhead: the estimate's, scaled by the same ratio as s/epoch.
    The worst case (every missing cell to its epoch cap) is reported beside it.
