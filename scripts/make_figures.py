@@ -8,7 +8,8 @@ cell is compared with the standard cell of the same tag, else the tag-less one).
 do not change on a rerun:
 
 - ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of every non-standard layer over the
-  standard layer in test HR@10 / NDCG@10 — (mean_layer - mean_std) / mean_std over seeds — per stratum
+  standard layer in test HR@10 / NDCG@10 — (mean_layer - mean_std) / mean_std over the seeds both
+  layers have (``make_tables.matched_seeds``) — per stratum
   (item-frequency bins Q0.. of the test target, cold and warm users); one panel per dataset, one bar
   per (backbone, layer). A gain that cannot be computed (the standard layer has no hit) is marked
   "n/a" in a dashed box at 0, never drawn as an empty (+0%) bar.
@@ -115,6 +116,7 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "") -> Figure
         ds, model, tag, layer = key
         base = make_tables.baseline(groups, key) if layer != "standard" else None
         if base:
+            rs, base = make_tables.matched_seeds(rs, base)  # seed s against seed s, as in the tables
             b, s = stats(rs, "test", metric), stats(base, "test", metric)
             g = {n: 100 * (b[n][0] - s[n][0]) / s[n][0] if s[n][0] else np.nan for n in b}
             panels.setdefault(ds, []).append((name(model, tag, layer), g, rs[0], f"{len(rs)} vs {len(base)} seeds"))

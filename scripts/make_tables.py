@@ -26,7 +26,8 @@ Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown
 ``comparisons.csv`` (one numeric row per comparison, metric and stratum). A cell groups runs by
 (dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
 with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
-one row: relative gain of the seed means; a paired Wilcoxon signed-rank test (scipy) over users of the
+one row, over the seeds both have (``matched_seeds``): relative gain of the seed means; a paired
+Wilcoxon signed-rank test (scipy) over users of the
 per-user metric averaged over seeds (seeds never count as extra users); its Holm-adjusted p-value
 (``holm``); and a 95% percentile bootstrap interval of the gain over users (``bootstrap_gain_ci``).
 Every table starts with a header: protocol, commit, hardware and date of the runs, and what the
@@ -317,6 +318,19 @@ def per_user(run: dict, metric: str) -> pd.Series:
     return pd.Series(val.to_numpy(), index=r["user"].to_numpy())
 
 
+def matched_seeds(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The runs of each side at the seeds both sides have; all runs when they share none.
+
+    A comparison pairs seed s of a layer with seed s of its baseline. With unequal seed sets (a
+    partial grid: ``bft_h`` at seed 0 against ``standard`` at seeds 0 and 1) the gain would set one
+    seed against a mean of two, and the per-user test would see seed noise on one side only.
+    """
+    common = {r["seed"] for r in runs_a} & {r["seed"] for r in runs_b}
+    if not common:
+        return runs_a, runs_b
+    return [r for r in runs_a if r["seed"] in common], [r for r in runs_b if r["seed"] in common]
+
+
 @functools.cache
 def _seed_mean(ranks: tuple[Path, ...], metric: str) -> pd.Series:
     """Per-user metric averaged over the runs whose rank tables are ``ranks`` (do not mutate)."""
@@ -324,8 +338,10 @@ def _seed_mean(ranks: tuple[Path, ...], metric: str) -> pd.Series:
 
 
 def paired_users(runs_a: list[dict], runs_b: list[dict], metric: str, users=None) -> tuple[np.ndarray, np.ndarray]:
-    """(a, b): (n,) float64 per-user metric averaged over the seeds of each side, on the users both
-    sides scored (restricted to ``users`` when given), in user order."""
+    """(a, b): (n,) float64 per-user metric averaged over the seeds of each side that the other side
+    has too (``matched_seeds``), on the users both sides scored (restricted to ``users`` when given),
+    in user order."""
+    runs_a, runs_b = matched_seeds(runs_a, runs_b)
     a = _seed_mean(tuple(r["_ranks"] for r in runs_a), metric)
     b = _seed_mean(tuple(r["_ranks"] for r in runs_b), metric)
     a, b = a.align(b, join="inner")
@@ -437,12 +453,14 @@ def comparisons(groups: dict) -> pd.DataFrame:
     """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
     means), p (Wilcoxon), p_holm (Holm over all rows of the same layer, metric and stratum: one family per
     claim, so an ablation layer such as bft_h does not change bft's adjusted p), ci_lo, ci_hi
-    (bootstrap, relative), n_users, seeds and baseline seeds."""
+    (bootstrap, relative), n_users, seeds and baseline seeds: all over the seeds both cells have
+    (``matched_seeds``)."""
     rows = []
-    for key, rs in sorted(groups.items()):
+    for key, rs_all in sorted(groups.items()):
         base = baseline(groups, key) if key[3] != STANDARD else None
         if not base:
             continue
+        rs, base = matched_seeds(rs_all, base)
         for name, where, _ in strata_of(rs[0]):
             users = stratum_users(rs[0], where)
             for m in METRICS:
@@ -646,7 +664,8 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
 
 
 STATS = (f"- gain: relative difference of the seed means, (mean layer − mean standard) / mean standard (– where the "
-         "standard layer has no hit); p: two-sided Wilcoxon signed-rank test over users of the per-user metric "
+         "standard layer has no hit), over the seeds both layers have (seed s against seed s; the means and ± std "
+         "columns use every seed of a cell); p: two-sided Wilcoxon signed-rank test over users of the per-user metric "
          "averaged over seeds (seeds never count as extra users); p_Holm: Holm step-down adjustment over the family "
          "of all comparisons of one layer, one metric and one stratum (overall counts as one) across every dataset, "
          "backbone and tag in these tables (one family per layer); 95% CI: percentile bootstrap over users of the "
@@ -704,8 +723,8 @@ def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ())
     if extra:
         lines.append(f"- overrides beyond dataset, model, layer, seed: {'; '.join(extra)}")
     if missing:
-        lines.append(f"- **PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing**; means, gains and "
-                     "p-values use the seeds present. Missing:")
+        lines.append(f"- **PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing**; means use the "
+                     "seeds present, gains and p-values the seeds both layers of a comparison have. Missing:")
         lines += [f"  - {line}" for line in describe_missing(missing)]
     if ignored:
         lines.append(f"- left out: {len(ignored)} runs outside the grid ({'; '.join(ignored)})")

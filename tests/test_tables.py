@@ -119,6 +119,27 @@ def test_paired_test_averages_users_over_seeds(runs):
     assert p is None or 0.0 <= p <= 1.0
 
 
+def test_a_layer_with_fewer_seeds_is_compared_on_the_seeds_both_have(runs, tmp_path):
+    """bft at seed 0 only against standard at seeds 0 and 1 (a partial grid): seed 0 against seed 0."""
+    import shutil
+
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    shutil.rmtree(root / "bft" / "seed1")
+    comp = mt.comparisons(mt.cells(mt.load_runs(root)))
+    row = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")].iloc[0]
+    ndcg = {(layer, s): json.loads((runs / "runs" / layer / f"seed{s}" / "metrics.json").read_text())
+           ["test"]["overall"]["NDCG@10"] for layer in ("standard", "bft") for s in (0, 1)}
+    assert ndcg[("standard", 0)] != pytest.approx(ndcg[("standard", 1)], rel=1e-6)  # seeds differ: a real check
+    seed0 = (ndcg[("bft", 0)] - ndcg[("standard", 0)]) / ndcg[("standard", 0)]
+    assert row["gain"] == pytest.approx(seed0, rel=1e-9, abs=1e-12)
+    assert (row["seeds"], row["baseline_seeds"]) == (1, 1)
+    std = mt.cells(mt.load_runs(root))[("synthetic", "sasrec", "", "standard")]
+    a, b = mt.paired_users(mt.cells(mt.load_runs(root))[("synthetic", "sasrec", "", "bft")], std, "NDCG@10")
+    only0, _ = mt.paired_users(std[:1] if std[0]["seed"] == 0 else std[1:], std, "NDCG@10")
+    assert np.allclose(b, only0)  # the baseline side is seed 0's per-user metric, not the mean of two
+
+
 def test_empty_folder_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.json"):
         _make_tables().load_runs(tmp_path)
