@@ -37,7 +37,7 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import check_comparable, describe_missing, fmt, header, load_runs, paired_p, pval  # noqa: E402
+from make_tables import check_comparable, describe_missing, fmt, header, load_runs, matched_seeds, paired_p, pval  # noqa: E402
 
 DEFAULT = "tau=default"
 VARIANT_DIR = Path(__file__).resolve().parent.parent / "configs" / "tau_variant"
@@ -168,7 +168,6 @@ def _k(gains: list[dict], key: str) -> str:
 def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(markdown rows, numeric rows) of one dataset's variants; ``groups``: tag -> runs (sorted by seed)."""
     base = groups.get(DEFAULT)
-    base_valid = float(np.mean([r["valid"]["NDCG@10"] for r in base])) if base else None
     md, num = [], []
     for tag, rs in sorted(groups.items(), key=lambda kv: (kv[0] != DEFAULT, kv[0])):
         tau = rs[0]["layer_config"]["tau"]
@@ -178,7 +177,12 @@ def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame
         p = {m: paired_p(rs, base, m) if base and tag != DEFAULT else None for m in test}
         lam = [lam0_bins(r) for r in rs]
         gains = [first_batch_gain(r) for r in rs]
-        delta = float(np.mean(valid)) - base_valid if base_valid is not None else None
+        delta = rel = None
+        if base:  # the difference on the seeds both have, as its p-value (make_tables.matched_seeds)
+            mine, theirs = matched_seeds(rs, base)
+            ref = float(np.mean([r["valid"]["NDCG@10"] for r in theirs]))
+            delta = float(np.mean([r["valid"]["NDCG@10"] for r in mine])) - ref
+            rel = 100 * delta / ref
         b0, b4 = lam[0]["lo_bin"], lam[0]["hi_bin"]
         md.append({
             "variant": tag.removeprefix("tau="), "tau.scale": tau["scale"], "tau.kind": tau["kind"],
@@ -187,7 +191,7 @@ def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame
                       else f"{len(rs)} of {n_seeds} (seed {', '.join(map(str, seeds))})"),
             "valid NDCG@10": fmt(valid),
             "Δ valid NDCG@10 vs default": "" if tag == DEFAULT or delta is None else
-            f"{delta:+.4f} ({100 * delta / base_valid:+.1f}%)",
+            f"{delta:+.4f} ({rel:+.1f}%)",
             **{f"test {m}": fmt(v) for m, v in test.items()},
             **{f"p test {m} vs default": "" if tag == DEFAULT else pval(p[m]) for m in test},
             "K initial (per layer)": _k(gains, "initial_K_per_layer"),
@@ -244,17 +248,18 @@ def compare_line(dataset: str, groups: dict, best: str, others: list[dict]) -> s
          and upgrade_legacy_layer(r["layer_config"]).get("bft", {}).get("units") == "h"]
     if not h:
         return f"- v1 (bft.units=h) SASRec bft on {dataset}: no run under --compare"
-    hv = float(np.mean([r["valid"]["NDCG@10"] for r in h]))
     parts = []
     for name in dict.fromkeys([best, DEFAULT.removeprefix("tau=")]):
         rs = groups.get(f"tau={name}")
         if not rs:
             continue
-        cv = float(np.mean([r["valid"]["NDCG@10"] for r in rs]))
-        verdict = "h BEATS count on validation" if hv > cv else "count beats h on validation"
-        test_diff = (np.mean([r["test"]["overall"]["NDCG@10"] for r in h])
-                     - np.mean([r["test"]["overall"]["NDCG@10"] for r in rs]))
-        parts.append(f"vs {name}: {hv - cv:+.4f} valid NDCG@10 ({verdict}); test NDCG@10 "
+        hm, rm = matched_seeds(h, rs)  # seed s against seed s, as the p-value
+        hv_m = float(np.mean([r["valid"]["NDCG@10"] for r in hm]))
+        cv = float(np.mean([r["valid"]["NDCG@10"] for r in rm]))
+        verdict = "h BEATS count on validation" if hv_m > cv else "count beats h on validation"
+        test_diff = (np.mean([r["test"]["overall"]["NDCG@10"] for r in hm])
+                     - np.mean([r["test"]["overall"]["NDCG@10"] for r in rm]))
+        parts.append(f"vs {name}: {hv_m - cv:+.4f} valid NDCG@10 ({verdict}); test NDCG@10 "
                      f"{test_diff:+.4f} (p {pval(paired_p(h, rs, 'NDCG@10'))})")
     seeds = ", ".join(str(r["seed"]) for r in sorted(h, key=lambda r: r["seed"]))
     valid = fmt([r["valid"]["NDCG@10"] for r in h])

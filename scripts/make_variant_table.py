@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import fmt, header, load_runs, paired_p, pval  # noqa: E402
+from make_tables import fmt, header, load_runs, matched_seeds, paired_p, pval  # noqa: E402
 
 log = logging.getLogger("make_variant_table")
 
@@ -37,6 +37,13 @@ log = logging.getLogger("make_variant_table")
 def _train_s(run: dict) -> float | None:
     h = run["_dir"] / "history.csv"
     return float(pd.read_csv(h)["train_seconds"].sum()) if h.exists() else None
+
+
+def _matched_valid(rs: list[dict], base: list[dict]) -> tuple[float, float]:
+    """Mean validation NDCG@10 of ``rs`` and of ``base`` on the seeds both have (``make_tables.matched_seeds``),
+    the seeds its p-values use."""
+    a, b = matched_seeds(rs, base)
+    return (float(np.mean([r["valid"]["NDCG@10"] for r in a])), float(np.mean([r["valid"]["NDCG@10"] for r in b])))
 
 
 def _rel(a: float, b: float | None) -> str:
@@ -64,7 +71,6 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
         if baseline not in tags:  # a study in progress: the baseline of this group has not run yet
             log.warning("%s/%s/%s: no %s run yet; its rows carry no comparison", d, m, layer, baseline)
         base = tags.get(baseline)
-        base_valid = np.mean([r["valid"]["NDCG@10"] for r in base]) if base else None
         block = []
         for tag in sorted(tags, key=lambda t: (t != baseline, t)):
             rs = tags[tag]
@@ -72,7 +78,8 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
             row = {"dataset": d, "model": m, "layer": layer, "tag": tag,
                    "seeds": ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"])),
                    "valid NDCG@10": fmt(valid), "_valid": float(np.mean(valid)),
-                   "valid vs baseline": "" if tag == baseline else _rel(np.mean(valid), base_valid)}
+                   "valid vs baseline": "" if tag == baseline else
+                   _rel(*_matched_valid(rs, base)) if base else _rel(0.0, None)}
             for metric in ("HR@10", "NDCG@10"):
                 row[f"test {metric}"] = fmt([r["test"]["overall"][metric] for r in rs])
                 row[f"p {metric}"] = "" if tag == baseline or not base else pval(paired_p(rs, base, metric))
