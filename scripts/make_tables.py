@@ -449,12 +449,25 @@ def relative_gain(vals: list, base: list) -> float | None:
     return float((np.mean([x for x in vals if x is not None]) - b) / b) if b else None
 
 
+def seed_gains(runs: list[dict], base: list[dict], where, metric: str) -> str:
+    """``"0:+0.0182 1:+0.0306"``: the relative gain of each seed that both sides have, seed by seed
+    (``nan`` where the baseline seed has no hit); empty when they share no seed."""
+    by_seed = {r["seed"]: r for r in base}
+    out = []
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        if r["seed"] in by_seed:
+            g = relative_gain([stratum_value(r, where, metric)], [stratum_value(by_seed[r["seed"]], where, metric)])
+            out.append(f"{r['seed']}:{'nan' if g is None else format(g, '+.4f')}")
+    return " ".join(out)
+
+
 def comparisons(groups: dict) -> pd.DataFrame:
     """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
     means), p (Wilcoxon), p_holm (Holm over all rows of the same layer, metric and stratum: one family per
     claim, so an ablation layer such as bft_h does not change bft's adjusted p), ci_lo, ci_hi
     (bootstrap, relative), n_users, seeds and baseline seeds: all over the seeds both cells have
-    (``matched_seeds``)."""
+    (``matched_seeds``); and seed_gains, the gain of each of those seeds alone (``seed:gain`` pairs,
+    blank-separated), which shows the variation between training seeds that the per-user test does not see."""
     rows = []
     for key, rs_all in sorted(groups.items()):
         base = baseline(groups, key) if key[3] != STANDARD else None
@@ -471,7 +484,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
                                                                 [stratum_value(r, where, m) for r in base]),
                              "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
                              "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
-                             "baseline_seeds": len(base)})
+                             "baseline_seeds": len(base), "seed_gains": seed_gains(rs, base, where, m)})
     df = pd.DataFrame(rows)
     if len(df):
         df["p_holm"] = None
@@ -671,7 +684,7 @@ STATS = (f"- gain: relative difference of the seed means, (mean layer − mean s
          "backbone and tag in these tables (one family per layer); 95% CI: percentile bootstrap over users of the "
          f"gain of the seed-averaged per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
          "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
-         "(else the untagged one)")
+         "(else the untagged one); comparisons.csv's seed_gains gives the gain of each seed alone")
 
 
 def budgets(runs: list[dict]) -> list[str]:

@@ -140,6 +140,19 @@ def test_a_layer_with_fewer_seeds_is_compared_on_the_seeds_both_have(runs, tmp_p
     assert np.allclose(b, only0)  # the baseline side is seed 0's per-user metric, not the mean of two
 
 
+def test_seed_gains_are_each_seed_alone(runs):
+    mt = _make_tables()
+    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    row = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")].iloc[0]
+    ndcg = {(layer, s): json.loads((runs / "runs" / layer / f"seed{s}" / "metrics.json").read_text())
+            ["test"]["overall"]["NDCG@10"] for layer in ("standard", "bft") for s in (0, 1)}
+    got = dict(pair.split(":") for pair in row["seed_gains"].split())
+    assert sorted(got) == ["0", "1"]
+    for s in (0, 1):
+        want = (ndcg[("bft", s)] - ndcg[("standard", s)]) / ndcg[("standard", s)]
+        assert float(got[str(s)]) == pytest.approx(want, abs=6e-5)  # printed to 4 decimals
+
+
 def test_empty_folder_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.json"):
         _make_tables().load_runs(tmp_path)
