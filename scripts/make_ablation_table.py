@@ -182,7 +182,7 @@ def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame
             mine, theirs = matched_seeds(rs, base)
             ref = float(np.mean([r["valid"]["NDCG@10"] for r in theirs]))
             delta = float(np.mean([r["valid"]["NDCG@10"] for r in mine])) - ref
-            rel = 100 * delta / ref
+            rel = 100 * delta / ref if ref else float("nan")
         b0, b4 = lam[0]["lo_bin"], lam[0]["hi_bin"]
         md.append({
             "variant": tag.removeprefix("tau="), "tau.scale": tau["scale"], "tau.kind": tau["kind"],
