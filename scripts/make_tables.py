@@ -27,9 +27,9 @@ Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown
 (dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
 with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
 one row, over the seeds both have (``matched_seeds``): relative gain of the seed means; a paired
-Wilcoxon signed-rank test (scipy) over users of the
-per-user metric averaged over seeds (seeds never count as extra users); its Holm-adjusted p-value
-(``holm``); and a 95% percentile bootstrap interval of the gain over users (``bootstrap_gain_ci``).
+Wilcoxon signed-rank test (scipy) over users of the per-user metric averaged over seeds (seeds never
+count as extra users); its Holm-adjusted p-value (``holm``); and a 95% percentile bootstrap interval
+of the gain over users (``bootstrap_gain_ci``).
 Every table starts with a header: protocol, commit, hardware and date of the runs, and what the
 statistics are.
 """

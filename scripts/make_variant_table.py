@@ -79,7 +79,7 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
                    "seeds": ",".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"])),
                    "valid NDCG@10": fmt(valid), "_valid": float(np.mean(valid)),
                    "valid vs baseline": "" if tag == baseline else
-                   _rel(*_matched_valid(rs, base)) if base else _rel(0.0, None)}
+                   _rel(*_matched_valid(rs, base)) if base else "–"}
             for metric in ("HR@10", "NDCG@10"):
                 row[f"test {metric}"] = fmt([r["test"]["overall"][metric] for r in rs])
                 row[f"p {metric}"] = "" if tag == baseline or not base else pval(paired_p(rs, base, metric))
