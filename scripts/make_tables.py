@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -327,6 +328,9 @@ def matched_seeds(runs_a: list[dict], runs_b: list[dict]) -> tuple[list[dict], l
     """
     common = {r["seed"] for r in runs_a} & {r["seed"] for r in runs_b}
     if not common:
+        logging.warning("%s/%s %s vs %s share no seed (%s vs %s): compared over all seeds of each side",
+                        runs_a[0]["dataset"], runs_a[0]["model"], runs_a[0]["layer"], runs_b[0]["layer"],
+                        sorted({r["seed"] for r in runs_a}), sorted({r["seed"] for r in runs_b}))
         return runs_a, runs_b
     return [r for r in runs_a if r["seed"] in common], [r for r in runs_b if r["seed"] in common]
 
@@ -461,13 +465,24 @@ def seed_gains(runs: list[dict], base: list[dict], where, metric: str) -> str:
     return " ".join(out)
 
 
+def same_sign(gain: float | None, seed_gains_text: str) -> bool | None:
+    """Whether every matched seed's gain is defined and has the sign of the pooled ``gain`` (a zero
+    counts as no sign); None with fewer than two seeds or no pooled gain. A seed-level check that the
+    per-user test cannot make: it sees users at fixed training seeds, not retrainings."""
+    vals = [float(t.split(":", 1)[1]) for t in seed_gains_text.split()]
+    if gain is None or pd.isna(gain) or len(vals) < 2:
+        return None
+    return all(not np.isnan(v) and np.sign(v) == np.sign(gain) != 0 for v in vals)
+
+
 def comparisons(groups: dict) -> pd.DataFrame:
     """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
     means), p (Wilcoxon), p_holm (Holm over all rows of the same layer, metric and stratum: one family per
     claim, so an ablation layer such as bft_h does not change bft's adjusted p), ci_lo, ci_hi
     (bootstrap, relative), n_users, seeds and baseline seeds: all over the seeds both cells have
     (``matched_seeds``); and seed_gains, the gain of each of those seeds alone (``seed:gain`` pairs,
-    blank-separated), which shows the variation between training seeds that the per-user test does not see."""
+    blank-separated), which shows the variation between training seeds that the per-user test does not see,
+    and seeds_same_sign (``same_sign``: every seed's gain has the pooled gain's sign; None with one seed)."""
     rows = []
     for key, rs_all in sorted(groups.items()):
         base = baseline(groups, key) if key[3] != STANDARD else None
@@ -485,6 +500,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
                              "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
                              "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
                              "baseline_seeds": len(base), "seed_gains": seed_gains(rs, base, where, m)})
+                rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], rows[-1]["seed_gains"])
     df = pd.DataFrame(rows)
     if len(df):
         df["p_holm"] = None
@@ -684,7 +700,9 @@ STATS = (f"- gain: relative difference of the seed means, (mean layer − mean s
          "backbone and tag in these tables (one family per layer); 95% CI: percentile bootstrap over users of the "
          f"gain of the seed-averaged per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
          "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
-         "(else the untagged one); comparisons.csv's seed_gains gives the gain of each seed alone")
+         "(else the untagged one); comparisons.csv's seed_gains gives the gain of each seed alone, and seeds_same_sign "
+         "whether every seed's gain has the sign of the pooled gain (blank with one seed): the per-user test sees "
+         "users at fixed training seeds, not retrainings")
 
 
 def budgets(runs: list[dict]) -> list[str]:

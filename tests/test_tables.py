@@ -153,6 +153,44 @@ def test_seed_gains_are_each_seed_alone(runs):
         assert float(got[str(s)]) == pytest.approx(want, abs=6e-5)  # printed to 4 decimals
 
 
+@pytest.mark.parametrize("gain, text, want", [
+    (0.02, "0:+0.0182 1:+0.0306 2:+0.0220", True),
+    (0.10, "0:-0.1100 1:+0.1200 2:+0.3100", False),   # Sports SASRec Q0: pooled +10%, one seed negative
+    (-0.05, "0:-0.0400 1:-0.0600", True),
+    (0.02, "0:+0.0300 1:nan", False),                  # a seed whose baseline has no hit has no sign
+    (0.02, "0:+0.0300 1:+0.0000", False),              # zero is no gain
+    (0.02, "0:+0.0182", None),                         # one seed: no seed-level check
+    (None, "0:+0.0100 1:+0.0200", None),
+])
+def test_same_sign_is_every_seed_agreeing_with_the_pooled_gain(gain, text, want):
+    assert _make_tables().same_sign(gain, text) is want
+
+
+def test_comparisons_mark_seed_agreement(runs):
+    mt = _make_tables()
+    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    for _, row in comp.iterrows():
+        vals = [float(t.split(":")[1]) for t in row["seed_gains"].split()]
+        if row["gain"] is None or pd.isna(row["gain"]):
+            assert row["seeds_same_sign"] is None
+        else:
+            assert row["seeds_same_sign"] == all(np.sign(v) == np.sign(row["gain"]) != 0 for v in vals)
+
+
+def test_no_shared_seed_warns(runs, tmp_path, caplog):
+    import shutil
+
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    shutil.rmtree(root / "bft" / "seed1")
+    shutil.rmtree(root / "standard" / "seed0")
+    groups = mt.cells(mt.load_runs(root))
+    with caplog.at_level("WARNING"):
+        a, b = mt.matched_seeds(groups[("synthetic", "sasrec", "", "bft")],
+                                groups[("synthetic", "sasrec", "", "standard")])
+    assert (len(a), len(b)) == (1, 1) and "share no seed ([0] vs [1])" in caplog.text
+
+
 def test_empty_folder_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.json"):
         _make_tables().load_runs(tmp_path)
