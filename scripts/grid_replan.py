@@ -2,7 +2,8 @@
 
     python scripts/grid_replan.py --runs results/paper_main/runs \\
         --estimate results/bench/grid_main_cpu.json --out results/bench/grid_main_replan.json \\
-        --slices-md results/paper_main/slices_left.md
+        --slices-md results/paper_main/slices_left.md \\
+        --epochs-from results/windows/runs/ml-1m/sasrec/standard/windows=last
 
 ``scripts/bench_grid_cost.py`` projects a grid before it runs, from 2 timed epochs per (dataset,
 backbone, layer) and a proxy for the number of epochs. This script compares that projection with the
@@ -22,8 +23,12 @@ cells that have finished (``metrics.json`` present) and projects the missing cel
      backbone and layer; else of the same backbone; else of all finished cells;
    - epochs: the mean epochs run by the finished cells of the same (dataset, backbone, layer); else of
      the same (dataset, backbone) in any layer (how long a backbone trains depends more on the data
-     than on the layer: ML-1M BERT4Rec ran 145 epochs, its other datasets 44-96); else of the same
-     backbone and layer on any dataset; else the estimate's proxy; never above the epoch cap;
+     than on the layer: ML-1M BERT4Rec ran 145 epochs, its other datasets 44-96); else of the runs
+     of the same (dataset, backbone) at the same tuned config found under ``--epochs-from`` (committed
+     runs outside the grid, such as the windows study's ML-1M SASRec: 91 epochs, where SASRec's
+     other datasets ran 22-32; the rule checks the tuned config's name, not other overrides, so pass
+     only runs at the grid's recipe); else of the same backbone and layer on any dataset; else the
+     estimate's proxy; never above the epoch cap;
    - fixed overhead: the estimate's, scaled by the same ratio as s/epoch.
    The worst case (every missing cell to its epoch cap) is reported beside it.
 3. **Slices** of the missing cells, breadth first, of at most ``--slice-hours`` each at ``--n-jobs``
@@ -72,6 +77,32 @@ def finished_cells(runs: Path, grid: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def reference_epochs(folders: list[Path]) -> pd.DataFrame:
+    """Epochs run by committed runs outside the grid: one row per ``metrics.json`` under ``folders``
+    (columns dataset, model, layer, tuned_config, epochs_run, path); runs without ``epochs_run`` or
+    ``tuned_config`` are skipped (the rule needs both: same data and recipe).
+
+    Raises SystemExit (one line) on a folder that does not exist."""
+    rows = []
+    for f in folders:
+        if not f.is_dir():
+            raise SystemExit(f"grid_replan: no folder {f} for --epochs-from; pass folders of committed runs")
+        for mj in sorted(f.rglob("metrics.json")):
+            m = json.loads(mj.read_text())
+            if m.get("epochs_run") and m.get("tuned_config"):
+                rows.append({k: m.get(k) for k in ("dataset", "model", "layer", "tuned_config", "epochs_run")}
+                            | {"path": mj.parent.as_posix()})
+    return pd.DataFrame(rows, columns=["dataset", "model", "layer", "tuned_config", "epochs_run", "path"])
+
+
+def _same_recipe(ref: pd.DataFrame | None, cell: dict) -> pd.DataFrame:
+    """The reference runs of ``cell``'s (dataset, backbone) at its tuned config (none when ``ref`` is None)."""
+    if ref is None:
+        return pd.DataFrame()
+    return ref[(ref["dataset"] == cell["dataset"]) & (ref["model"] == cell["model"])
+               & (ref["tuned_config"] == f"{cell['dataset']}_{cell['model']}")]
+
+
 def _ratio(done: pd.DataFrame, cell: dict) -> tuple[float, str]:
     """Measured/estimated s/epoch ratio for a cell with no measurement of its own, and its source."""
     for cols, what in ((["model", "layer"], "backbone and layer"), (["model"], "backbone")):
@@ -104,8 +135,10 @@ def _from_other_layer(done: pd.DataFrame, cell: dict) -> tuple[float, str] | Non
     return None
 
 
-def project_missing(grid: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
-    """One row per missing cell: s/epoch, epochs, expected and cap seconds, with the rule used (module doc)."""
+def project_missing(grid: pd.DataFrame, done: pd.DataFrame, ref: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per missing cell: s/epoch, epochs, expected and cap seconds, with the rule used (module doc).
+
+    ``ref``: ``reference_epochs``' runs outside the grid (None: that rule is skipped)."""
     have = set(map(tuple, done[[*KEY, "seed"]].values.tolist())) if len(done) else set()
     rows = []
     for g in grid.to_dict("records"):
@@ -130,6 +163,10 @@ def project_missing(grid: pd.DataFrame, done: pd.DataFrame) -> pd.DataFrame:
             ep, ep_src = float(same["epochs_run"].mean()), f"mean epochs run, same cell ({len(same)})"
         elif len(dm):
             ep, ep_src = float(dm["epochs_run"].mean()), f"mean epochs run, same dataset and backbone ({len(dm)})"
+        elif len(rf := _same_recipe(ref, g)):
+            ep = float(rf["epochs_run"].mean())
+            ep_src = (f"mean epochs run, {len(rf)} reference runs at the same tuned "
+                      f"config ({', '.join(sorted(set(rf['path'])))})")
         elif len(ml):
             ep, ep_src = float(ml["epochs_run"].mean()), f"mean epochs run, same backbone and layer ({len(ml)})"
         else:
@@ -149,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-jobs", type=int, default=2, help="runs side by side when projecting wall time")
     ap.add_argument("--first", default="sports,instruments", help="datasets whose seeds 1-2 come first")
     ap.add_argument("--slice-hours", type=float, default=2.5, help="wall-time limit of one slice")
+    ap.add_argument("--epochs-from", type=Path, nargs="*", default=[],
+                    help="folders of committed runs outside the grid, at the grid's recipe, whose epochs run "
+                    "inform the projection (module doc, rule 2)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     ap.add_argument("--slices-md", type=Path, help="markdown file for the slices of the missing cells")
     args = ap.parse_args(argv)
@@ -161,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"grid_replan: {args.estimate} lists no cells; is it bench_grid_cost.py's JSON?")
     grid = pd.DataFrame(est["cells"])
     done = finished_cells(args.runs, grid)
-    left = project_missing(grid, done)
+    ref = reference_epochs(args.epochs_from) if args.epochs_from else None
+    left = project_missing(grid, done, ref)
     sl = cost.slices(left, args.first.split(","), args.n_jobs, args.slice_hours * 3600) if len(left) else []
     summary = {}
     if len(done):

@@ -82,3 +82,27 @@ def test_replan_bad_input_is_one_line(tmp_path):
     (tmp_path / "e.json").write_text("{}")
     with pytest.raises(SystemExit, match="lists no cells"):
         call("runs")
+
+
+def test_replan_takes_epochs_from_reference_runs_of_the_same_recipe(tmp_path):
+    """ML-1M SASRec with no grid cell finished: the windows study's run (same tuned config) beats the
+    other datasets' SASRec epochs; a run at another tuned config is not used."""
+    rp = load_script("grid_replan")
+    est = tmp_path / "est.json"
+    _estimate(est, [("sports", "sasrec", "standard", 0, 10.0), ("ml-1m", "sasrec", "standard", 0, 50.0)])
+    runs = tmp_path / "runs"
+    _finish(runs, "sports/sasrec/standard/seed0", [20.0] * 4, best=3)
+    ref = tmp_path / "windows"
+    for sub, tuned, epochs in (("a", "ml-1m_sasrec", 91), ("b", "ml-1m_sasrec", 69), ("c", "ml-1m_other", 7)):
+        (ref / sub).mkdir(parents=True)
+        (ref / sub / "metrics.json").write_text(json.dumps({"dataset": "ml-1m", "model": "sasrec", "layer": "standard",
+                                                            "tuned_config": tuned, "epochs_run": epochs}))
+    out = tmp_path / "replan.json"
+    rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out), "--epochs-from", str(ref)])
+    (cell,) = json.loads(out.read_text())["missing_cells"]
+    assert cell["epochs"] == 80.0 and "2 reference runs at the same tuned config" in cell["epochs_rule"]
+    rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out)])  # without: other datasets' epochs
+    (cell,) = json.loads(out.read_text())["missing_cells"]
+    assert cell["epochs"] == 4 and "same backbone and layer" in cell["epochs_rule"]
+    with pytest.raises(SystemExit, match="no folder .* for --epochs-from"):
+        rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out), "--epochs-from", str(tmp_path / "x")])
