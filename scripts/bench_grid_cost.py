@@ -18,7 +18,7 @@
    ``--first`` datasets; then the rest), grouped by (dataset, seed) and packed into slices of at most
    ``--slice-hours`` of wall time at ``--n-jobs`` runs side by side. Each slice is one command line of
    overrides. A cell longer than the limit is a slice of its own, marked: it resumes from ``last.pt``
-   across working periods.
+   across working periods only where its run folder survives between them (a fresh machine loses it).
 """
 from __future__ import annotations
 
@@ -206,8 +206,9 @@ def slices_md(result: dict) -> str:
              f"`{result['out']}`. Each slice: `bftrec-train -m experiment=paper/{result['grid']} "
              f"{' '.join(result['cpu_overrides'])} <overrides>`. Expected wall time at "
              f"{result['n_jobs']} runs side by side, {result['threads']} thread each; a slice marked "
-             "over the limit holds a cell that alone takes longer and resumes from `last.pt` across "
-             "working periods.", "",
+             "over the limit holds a cell that alone takes longer: it resumes from `last.pt` across "
+             "working periods only where its run folder survives between them (a fresh machine loses "
+             "it), so run it on a GPU, or alone with more threads.", "",
              "| # | overrides | cells | expected wall (h) | over the limit |", "|---:|---|---:|---:|---|"]
     for i, s in enumerate(result["slices"], 1):
         lines.append(f"| {i} | `{' '.join(s['overrides'])}` | {s['cells']} | {s['expected_wall_h']:.2f} | "
