@@ -1,0 +1,72 @@
+"""scripts/collect_cells.py: finished cells move to the committed folder without checkpoints, once."""
+import json
+
+import pytest
+
+from tests.scripts import load_script
+
+cc = load_script("collect_cells")
+
+
+def _cell(src, cell, status, written, hr=0.05, finished=True):
+    d = src / cell
+    d.mkdir(parents=True)
+    (d / "last.pt").write_bytes(b"\0" * 16)
+    (d / ".lock").write_text("")
+    (d / "train.log").write_text("log\n")
+    if finished:
+        (d / "metrics.json").write_text(json.dumps(
+            {"test": {"overall": {"HR@10": hr}}, "best_epoch": 3, "epochs_run": 9}))
+    rec = {"cell": cell, "status": status, "written": written, "wall_s": 1234.4, "git_sha": "abcdef1234"}
+    with (src / "ledger.jsonl").open("a") as f:
+        f.write(json.dumps(rec) + "\n\n")
+
+
+def test_collects_finished_cells_once_without_checkpoints(tmp_path):
+    src, dst = tmp_path / "pm" / "runs", tmp_path / "results" / "runs"
+    src.mkdir(parents=True)
+    _cell(src, "sports/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
+    _cell(src, "sports/sasrec/standard/seed0", "failed", "2026-12-04T01:05:00", finished=False)
+    _cell(src, "sports/hstu/bft/seed1", "resumed", "2026-12-04T02:00:00")
+    assert cc.collect(src, dst) == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1"]
+    got = dst / "sports/sasrec/bft/seed0"
+    assert (got / "metrics.json").exists() and (got / "train.log").exists()
+    assert not (got / "last.pt").exists() and not (got / ".lock").exists()
+    assert not (dst / "sports/sasrec/standard/seed0").exists()
+    lines = (dst / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(x)["cell"] for x in lines] == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1"]
+    assert cc.collect(src, dst) == []  # a second pass finds nothing new
+    assert len((dst / "ledger.jsonl").read_text().splitlines()) == 2
+
+
+def test_never_overwrites_different_results(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _cell(src, "toys/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00", hr=0.07)
+    old = dst / "toys/sasrec/bft/seed0"
+    old.mkdir(parents=True)
+    (old / "metrics.json").write_text('{"test": "older run"}')
+    with pytest.raises(SystemExit, match="different metrics.json.*--replace"):
+        cc.collect(src, dst)
+    assert (old / "metrics.json").read_text() == '{"test": "older run"}'
+    assert cc.main(["--src", str(src), "--dst", str(dst)]) == 2
+    assert cc.collect(src, dst, replace=True) == ["toys/sasrec/bft/seed0"]
+    assert json.loads((old / "metrics.json").read_text())["test"]["overall"]["HR@10"] == 0.07
+
+
+def test_bad_input_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="no ledger at"):
+        cc.collect(tmp_path / "nowhere", tmp_path / "dst")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ledger.jsonl").write_text('{"cell": "a/b/c/seed0", "status": "ran"\n')
+    with pytest.raises(SystemExit, match=r"ledger.jsonl:1 is not a JSON line"):
+        cc.collect(src, tmp_path / "dst")
+
+
+def test_commit_message_names_the_figures():
+    msg = cc.commit_message({"cell": "sports/bert4rec/bft_h/seed2", "status": "ran", "wall_s": 3175.2,
+                             "git_sha": "5de5180c23"},
+                            {"test": {"overall": {"HR@10": 0.03456}}, "best_epoch": 30, "epochs_run": 50})
+    assert msg == ("paper_main: sports bert4rec bft_h seed2 (test HR@10 0.0346, best epoch 30 of 50; "
+                   "3,175 s, status ran, at 5de5180)")
