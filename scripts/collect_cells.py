@@ -7,7 +7,8 @@ commit it ran travels with it. It schedules nothing: Hydra still runs the cells 
 
 A cell is collected when the source ledger (``<src>/ledger.jsonl``) has a line for it with status
 ``ran`` or ``resumed`` and its folder holds ``metrics.json``, and that ledger line (cell, written) is
-not yet in the destination ledger. Checkpoints (``*.pt``) and lock files are left behind.
+not yet in the destination ledger; of several such lines for one cell (a cell rerun) only the last is
+taken, since the folder holds that run. Checkpoints (``*.pt``) and lock files are left behind.
 
 Usage:
     python scripts/collect_cells.py --src /scratch/pm/runs --dst results/paper_main/runs [--commit]
@@ -15,8 +16,9 @@ Usage:
 ``--commit`` makes one git commit per cell, its message giving test HR@10, the best epoch, the wall
 time and the commit the cell ran at. Exit status: 0, also when there is nothing new (it says so).
 
-Errors (one line, exit 2): no source ledger; a destination cell that already holds a different
-``metrics.json`` (never overwritten: move it away, or pass ``--replace`` to overwrite it on purpose).
+Errors (one line, exit 2): no source ledger; a torn ledger line; a failed git command; a destination
+cell that already holds a different ``metrics.json`` (never overwritten: move it away, or pass
+``--replace`` to overwrite it on purpose).
 """
 from __future__ import annotations
 
@@ -56,15 +58,16 @@ def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
                          "(<out_root>/runs)")
     dst_ledger = dst / "ledger.jsonl"
     have = {(r.get("cell"), r.get("written")) for _, r in read_ledger(dst_ledger)} if dst_ledger.exists() else set()
-    todo = []
+    todo: dict[str, tuple[str, dict]] = {}  # cell -> its last finished line: the folder holds that run
     for line, r in read_ledger(src_ledger):
         if r.get("status") in DONE and (r.get("cell"), r.get("written")) not in have:
             if (src / r["cell"] / "metrics.json").exists():
-                todo.append((line, r))
+                todo.pop(r["cell"], None)
+                todo[r["cell"]] = (line, r)
             else:
                 log.warning("%s: ledger says %s but the folder has no metrics.json; skipped",
                             r["cell"], r["status"])
-    return todo
+    return list(todo.values())
 
 
 def commit_message(record: dict, metrics: dict) -> str:
@@ -114,6 +117,10 @@ def main(argv=None) -> int:
         collect(a.src, a.dst, a.replace, a.commit)
     except SystemExit as e:
         print(e, file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as e:
+        print(f"collect_cells: `{' '.join(e.cmd)}` failed (exit {e.returncode}); run it from inside the git "
+              "repository that holds --dst, or drop --commit", file=sys.stderr)
         return 2
     return 0
 

@@ -70,3 +70,26 @@ def test_commit_message_names_the_figures():
                             {"test": {"overall": {"HR@10": 0.03456}}, "best_epoch": 30, "epochs_run": 50})
     assert msg == ("paper_main: sports bert4rec bft_h seed2 (test HR@10 0.0346, best epoch 30 of 50; "
                    "3,175 s, status ran, at 5de5180)")
+
+
+def test_a_rerun_cell_is_collected_once_with_its_last_line(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _cell(src, "yelp/hstu/bft/seed1", "ran", "2026-12-04T01:00:00")
+    with (src / "ledger.jsonl").open("a") as f:  # the same cell finished again later (deleted and rerun)
+        f.write(json.dumps({"cell": "yelp/hstu/bft/seed1", "status": "ran", "written": "2026-12-04T05:00:00",
+                            "wall_s": 9.0, "git_sha": "1234567abc"}) + "\n")
+    assert cc.collect(src, dst) == ["yelp/hstu/bft/seed1"]
+    (line,) = (dst / "ledger.jsonl").read_text().splitlines()
+    assert json.loads(line)["written"] == "2026-12-04T05:00:00"
+
+
+def test_commit_outside_a_repository_fails_in_one_line(tmp_path, monkeypatch, capsys):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _cell(src, "toys/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert cc.main(["--src", str(src), "--dst", str(dst), "--commit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "drop --commit" in err[0]
