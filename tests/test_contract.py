@@ -602,6 +602,48 @@ def test_sasrec_conventions_build_what_they_say() -> None:
     assert torch.allclose(scaled.item_embedding(seq), scaled.item_emb(seq) * math.sqrt(scaled.cfg.d_model))
 
 
+def test_sasrec_original_block_keeps_the_contract() -> None:
+    factory = Factory(MODELS.get("sasrec"), "standard", block="original", emb_scale=False)
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
+                  check_gradients, check_scoring_shortcut):
+        check(factory)
+
+
+def test_sasrec_original_block_computes_the_original() -> None:
+    """``block=original``: q = LN1 h; h' = q + Attn(q, kv=h); f = LN2 h'; out = f + FFN_relu(f), against a
+    reference written out with torch.nn.functional (eval mode, so no dropout), to 1e-6."""
+    from bftrec.layers import build_masks
+    from bftrec.models.sasrec import OriginalSASRecBlock, SelfAttention
+
+    torch.manual_seed(0)
+    blk = OriginalSASRecBlock(16, 2, 16, dropout=0.3, attn_dropout=0.3).eval()
+    items = torch.tensor([[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])  # (2, 6), left-padded
+    masks = build_masks(items, causal=True)
+    h = torch.randn(2, 6, 16) * items.ne(0).unsqueeze(-1)
+    with torch.no_grad():
+        q = F.layer_norm(h, (16,), blk.ln1.weight, blk.ln1.bias)
+        w, b = blk.attn.qkv.weight, blk.attn.qkv.bias
+        Q, K, V = F.linear(q, w[:16], b[:16]), F.linear(h, w[16:32], b[16:32]), F.linear(h, w[32:], b[32:])
+        Q, K, V = (t.view(2, 6, 2, 8).transpose(1, 2) for t in (Q, K, V))  # (B, H, L, d)
+        logits = (Q @ K.transpose(-2, -1) / math.sqrt(8)).masked_fill(~masks.attn, float("-inf"))
+        att = torch.nan_to_num(logits.softmax(-1)) @ V  # (B, H, L, d); a query with no key gives 0
+        h1 = q + blk.attn.out(att.transpose(1, 2).reshape(2, 6, 16))
+        f = F.layer_norm(h1, (16,), blk.ln2.weight, blk.ln2.bias)
+        ref = f + blk.ffn.w2(F.relu(blk.ffn.w1(f)))
+        torch.testing.assert_close(blk(h, masks), ref, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(blk(h, masks, last_only=True), ref[:, -1:], atol=1e-6, rtol=1e-6)
+        attn = SelfAttention(16, 2, 0.0).eval()  # kv=x is the ordinary self-attention
+        torch.testing.assert_close(attn(h, masks, kv=h), attn(h, masks), atol=1e-6, rtol=1e-6)
+    assert isinstance(blk.ffn.act, torch.nn.ReLU) and blk.ffn.hidden_drop.p == 0.3
+    default = Factory(MODELS.get("sasrec"), "standard")()
+    assert all(isinstance(b.ffn.hidden_drop, torch.nn.Identity) for b in default.stack.blocks)  # default unchanged
+
+
+def test_sasrec_original_block_has_no_bft_twin() -> None:
+    with pytest.raises(ConfigError, match="model.block=original has no BFT twin.*use layer=standard"):
+        Factory(MODELS.get("sasrec"), "bft", block="original")()
+
+
 @pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start")])
 def test_sasrec_convention_errors(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"model.{key}"):

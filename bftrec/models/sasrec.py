@@ -22,6 +22,11 @@ Transformer: ``LN(item + position)`` then dropout, post-LN blocks ``h = LN(h + d
 LayerNorm; the block is ``BERT4RecBlock`` under a causal mask, so ``layer=bft`` gets its BFT twin),
 ``model.emb_scale=false`` (no sqrt(D) on the item embedding, as RecBole) and
 ``model.positions=from_start`` (position 0 = the first item kept, as the original and RecBole).
+``model.block=original`` is the original paper's TensorFlow block, as RecTools' ``SASRecTransformerLayer``
+ports it (the block behind the eSASRec benchmark's SASRec figures, issue 11 item 6):
+``q = LN1(h)``, ``h = q + Attn(queries q, keys and values h)`` (the residual adds the *normalised* query),
+``f = LN2(h)``, ``h = f + drop(FFN(f))`` with a ReLU FFN and dropout on its hidden units, then the final
+LayerNorm. It has no BFT twin: ``layer=bft`` with it is refused in one line.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bftrec.config import check_choice
+from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
 
@@ -53,12 +58,12 @@ class SASRecConfig:
     negatives_per: str = "batch"  # sampled_softmax: batch (one shared draw) | position (HSTU reference)
     ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
     init_std: float = 0.02     # N(0, init_std) initialisation
-    block: str = "pre_ln"      # pre_ln | post_ln (RecBole/original: embedding LN, post-LN blocks, no final LN)
+    block: str = "pre_ln"      # pre_ln | post_ln (RecBole: embedding LN, post-LN blocks, no final LN) | original
     emb_scale: bool = True     # multiply the item embedding by sqrt(D) (the original); RecBole does not
     positions: str = "from_end"  # from_end: last item = max_len - 1 | from_start: first item kept = 0 (RecBole)
 
 
-BLOCKS = ("pre_ln", "post_ln")
+BLOCKS = ("pre_ln", "post_ln", "original")
 POSITIONS = ("from_end", "from_start")
 
 
@@ -75,22 +80,30 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.attn_drop = nn.Dropout(attn_dropout)
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> q, k, v each (B, H, T, d)."""
+    def heads(self, x: torch.Tensor, kv: Optional[torch.Tensor] = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q, k, v each (B, H, T, d); with ``kv`` (B, T, D), keys and values come from it
+        and queries from ``x`` (the original SASRec block), through the same projection weights."""
         B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
+        if kv is None:
+            q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
+        else:
+            w, b = self.qkv.weight, self.qkv.bias  # (3D, D), (3D,): rows q | k | v
+            q = F.linear(x, w[:D], b[:D])  # (B, T, D)
+            k, v = F.linear(kv, w[D:], b[D:]).split(D, dim=-1)  # 2 x (B, T, D)
         shape = (B, T, self.n_heads, D // self.n_heads)
         return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
 
-    def forward(self, x: torch.Tensor, masks: Masks, last_only: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: Masks, last_only: bool = False,
+                kv: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (B, T, D) -> (B, T', D): T' = T, or 1 with ``last_only`` (only the last position queries;
-        keys and values are still every position).
+        keys and values are still every position). ``kv`` (B, T, D): keys and values from it (``heads``).
 
         Training uses ``masked_softmax`` and ``nn.Dropout`` (the reference). In eval mode the same
         attention goes through torch's fused ``scaled_dot_product_attention`` (equal to float32
         rounding, tests/test_contract.py), a query with no allowed key giving 0 as ``masked_softmax``.
         """
-        q, k, v = self.heads(x)
+        q, k, v = self.heads(x, kv)
         allowed = masks.attn
         if last_only:
             q, allowed = q[:, :, -1:], allowed[:, :, -1:]  # (B, H, 1, d), (B, 1, 1, T)
@@ -106,16 +119,18 @@ class SelfAttention(nn.Module):
 
 
 class PointWiseFFN(nn.Module):
-    """FFN(y) = W2 GELU(W1 y + b1) + b2 (BFT.md §3 names: w1, w2)."""
+    """FFN(y) = W2 GELU(W1 y + b1) + b2 (BFT.md §3 names: w1, w2); ``act="relu"`` and ``dropout`` on the
+    hidden units give the original SASRec FFN ``W2 drop(ReLU(W1 y + b1)) + b2``."""
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, act: str = "gelu", dropout: float = 0.0) -> None:
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
-        self.act = nn.GELU()
+        self.act = nn.ReLU() if act == "relu" else nn.GELU()
+        self.hidden_drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # default: no op, no RNG draw
 
     def forward(self, y: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.act(self.w1(y)))
+        return self.w2(self.hidden_drop(self.act(self.w1(y))))
 
 
 class SASRecBlock(nn.Module):
@@ -136,6 +151,27 @@ class SASRecBlock(nn.Module):
         return h + self.drop(self.ffn(self.ln2(h)))
 
 
+class OriginalSASRecBlock(nn.Module):
+    """The original SASRec block (Kang & McAuley's TensorFlow code, as RecTools' ``SASRecTransformerLayer``):
+    ``q = LN1 h``, ``h' = q + Attn(queries q, keys and values h)``, ``f = LN2 h'``, ``h'' = f + drop(FFN(f))``,
+    FFN with ReLU and dropout on its hidden units. Attention dropout acts on the weights only."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads, attn_dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ffn = PointWiseFFN(d_model, d_ff, act="relu", dropout=dropout)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
+        """h (B, L, D) -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``."""
+        q = self.ln1(h)  # (B, L, D)
+        h = (q[:, -1:] if last_only else q) + self.attn(q, masks, last_only, kv=h)  # (B, L or 1, D)
+        f = self.ln2(h)
+        return f + self.drop(self.ffn(f))
+
+
 @MODELS.register("sasrec")
 class SASRec(SeqRecModel):
     Config = SASRecConfig
@@ -146,13 +182,16 @@ class SASRec(SeqRecModel):
         check_common(cfg, info.n_items)
         check_choice(cfg.block, BLOCKS, "model.block")
         check_choice(cfg.positions, POSITIONS, "model.positions")
+        if cfg.block == "original" and getattr(layer_cfg, "name", "standard") != "standard":
+            raise ConfigError(f"model.block=original has no BFT twin (layer={layer_cfg.name}); use "
+                              "layer=standard with it, or model.block=pre_ln or post_ln with a BFT layer")
         self.cfg, self.n_items = cfg, info.n_items
         D = cfg.d_model
         self.item_emb = nn.Embedding(info.n_items + 1, D, padding_idx=0)
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
-        block_cls = SASRecBlock
+        block_cls = OriginalSASRecBlock if cfg.block == "original" else SASRecBlock
         if cfg.block == "post_ln":
             from bftrec.models.bert4rec import BERT4RecBlock  # imports this module: not at the top
 
@@ -165,7 +204,7 @@ class SASRec(SeqRecModel):
             attn_dropout=cfg.attn_dropout)
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
             block.apply(self._init)
-        if cfg.block == "pre_ln":
+        if cfg.block != "post_ln":
             self.final_ln = nn.LayerNorm(D)
 
     @torch.no_grad()
@@ -208,7 +247,7 @@ class SASRec(SeqRecModel):
         masks = build_masks(item_seq, causal=True)
         h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding,
                        last_only=last_only)
-        return self.final_ln(h) if self.cfg.block == "pre_ln" else h
+        return h if self.cfg.block == "post_ln" else self.final_ln(h)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]."""
