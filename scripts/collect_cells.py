@@ -5,18 +5,22 @@ cell that finished there into ``--dst`` and appends the cell's ledger line to ``
 that ``make_tables.py`` / ``make_figures.py`` on ``--dst`` see it and the record of where and at which
 commit it ran travels with it. It schedules nothing: Hydra still runs the cells (``bftrec.grid``).
 
-A cell is collected when the source ledger (``<src>/ledger.jsonl``) has a line for it with status
-``ran`` or ``resumed`` and its folder holds ``metrics.json``, and that ledger line (cell, written) is
-not yet in the destination ledger; of several such lines for one cell (a cell rerun) only the last is
-taken, since the folder holds that run. Checkpoints (``*.pt``) and lock files are left behind.
+A cell is collected when its last line with status ``ran`` or ``resumed`` in the source ledger
+(``<src>/ledger.jsonl``; the folder holds the run that line describes) is not yet in the destination
+ledger (same cell and ``written``) and its folder holds ``metrics.json``. Checkpoints (``*.pt``) and
+lock files are left behind.
 
 Usage:
     python scripts/collect_cells.py --src /scratch/pm/runs --dst results/paper_main/runs [--commit]
 
-``--commit`` makes one git commit per cell, its message giving test HR@10, the best epoch, the wall
-time and the commit the cell ran at. Exit status: 0, also when there is nothing new (it says so).
+``--commit`` makes one git commit per cell in the repository holding ``--dst``, of that cell's files and
+the ledger only (whatever else is staged stays staged), its message, prefixed with the name of
+``--dst``'s parent folder (``paper_main``), giving test HR@10, the best epoch, the wall time and the
+commit the cell ran at. Exit status: 0, also when there is nothing new (it says so).
 
-Errors (one line, exit 2): no source ledger; a torn ledger line; a failed git command; a destination
+Errors (one line, exit 2; checked before a cell's files are touched): no source ledger; a torn or
+non-record ledger line; a cell that is not a relative ``dataset/model/layer/seedK`` path; a ledger line or
+``metrics.json`` missing a field; a failed git command (the cell's ledger line is taken back); a destination
 cell that already holds a different ``metrics.json`` (never overwritten: move it away, or pass
 ``--replace`` to overwrite it on purpose).
 """
@@ -37,52 +41,102 @@ LEFT_BEHIND = ("*.pt", "*.pth", ".lock", "__pycache__")
 
 
 def read_ledger(path: Path) -> list[tuple[str, dict]]:
-    """The (raw line, parsed record) pairs of a ledger; blank lines skipped, a torn line named."""
+    """The (raw line, parsed record) pairs of a ledger; blank lines skipped, a torn or odd line named."""
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append((line, json.loads(line)))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             raise SystemExit(f"collect_cells: {path}:{n} is not a JSON line (a torn write?); "
                              "fix or delete that line and rerun") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("cell"), str):
+            raise SystemExit(f"collect_cells: {path}:{n} is not a ledger record (a JSON object with a 'cell'); "
+                             "fix or delete that line and rerun")
+        out.append((line, rec))
     return out
 
 
+def _cell_path(cell: str, src_ledger: Path) -> Path:
+    """A ledger cell as a relative ``dataset/model/layer/seedK`` path; anything else refused in one line
+    (an absolute cell is a run outside the sweep folder: collecting it could delete the source)."""
+    p = Path(cell)
+    if p.is_absolute() or len(p.parts) != 4 or ".." in p.parts:
+        raise SystemExit(f"collect_cells: {src_ledger} names cell {cell!r}, not a dataset/model/layer/seedK "
+                         "path under --src; collect that run by hand")
+    return p
+
+
 def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
-    """Ledger lines of ``src`` for finished cells that ``dst``'s ledger does not hold yet, in order."""
+    """For each cell whose last finished line in ``src``'s ledger is not yet in ``dst``'s ledger, that
+    line (the folder holds the run it describes), in ledger order."""
     src_ledger = src / "ledger.jsonl"
     if not src_ledger.exists():
         raise SystemExit(f"collect_cells: no ledger at {src_ledger}; --src must be a grid's runs folder "
                          "(<out_root>/runs)")
     dst_ledger = dst / "ledger.jsonl"
-    have = {(r.get("cell"), r.get("written")) for _, r in read_ledger(dst_ledger)} if dst_ledger.exists() else set()
-    todo: dict[str, tuple[str, dict]] = {}  # cell -> its last finished line: the folder holds that run
+    have = {(r["cell"], r.get("written")) for _, r in read_ledger(dst_ledger)} if dst_ledger.exists() else set()
+    last: dict[str, tuple[str, dict]] = {}  # cell -> its last finished line
     for line, r in read_ledger(src_ledger):
-        if r.get("status") in DONE and (r.get("cell"), r.get("written")) not in have:
-            if (src / r["cell"] / "metrics.json").exists():
-                todo.pop(r["cell"], None)
-                todo[r["cell"]] = (line, r)
-            else:
-                log.warning("%s: ledger says %s but the folder has no metrics.json; skipped",
-                            r["cell"], r["status"])
-    return list(todo.values())
+        if r.get("status") in DONE:
+            _cell_path(r["cell"], src_ledger)
+            last.pop(r["cell"], None)
+            last[r["cell"]] = (line, r)
+    todo = []
+    for line, r in last.values():
+        if (r["cell"], r.get("written")) in have:
+            continue
+        if (src / r["cell"] / "metrics.json").exists():
+            todo.append((line, r))
+        else:
+            log.warning("%s: ledger says %s but the folder has no metrics.json; skipped", r["cell"], r["status"])
+    return todo
 
 
-def commit_message(record: dict, metrics: dict) -> str:
-    """One-line commit message for a collected cell."""
-    ds, model, layer, seed = record["cell"].split("/")
-    return (f"paper_main: {ds} {model} {layer} {seed} (test HR@10 {metrics['test']['overall']['HR@10']:.4f}, "
-            f"best epoch {metrics['best_epoch']} of {metrics['epochs_run']}; {round(record['wall_s']):,} s, "
-            f"status {record['status']}, at {str(record.get('git_sha', '?'))[:7]})")
+def commit_message(record: dict, metrics: dict, prefix: str = "paper_main") -> str:
+    """One-line commit message for a collected cell.
+
+    Raises:
+        SystemExit: the ledger line or ``metrics.json`` lacks a field the message needs (one line).
+    """
+    try:
+        ds, model, layer, seed = record["cell"].split("/")
+        return (f"{prefix}: {ds} {model} {layer} {seed} (test HR@10 {metrics['test']['overall']['HR@10']:.4f}, "
+                f"best epoch {metrics['best_epoch']} of {metrics['epochs_run']}; {round(record['wall_s']):,} s, "
+                f"status {record['status']}, at {str(record.get('git_sha', '?'))[:7]})")
+    except (KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"collect_cells: cell {record.get('cell')!r}: its ledger line or metrics.json lacks "
+                         f"{e!s} (an unfinished or foreign run?); collect it by hand") from None
+
+
+def _git(repo: Path, *args: str) -> str:
+    """Run ``git -C repo args``; a failure is a one-line SystemExit with git's first message line."""
+    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        first = (r.stderr.strip().splitlines() or ["(no message)"])[0]
+        raise SystemExit(f"collect_cells: `git {' '.join(args[:2])}` failed in {repo}: {first}; "
+                         "run it on a --dst inside a git repository, or drop --commit")
+    return r.stdout.strip()
 
 
 def collect(src: Path, dst: Path, replace: bool = False, commit: bool = False) -> list[str]:
-    """Copy each pending cell of ``src`` into ``dst`` and append its ledger line; returns the cells."""
+    """Copy each pending cell of ``src`` into ``dst`` and append its ledger line; returns the cells.
+
+    Everything that can fail is checked before a cell's files are touched; a failed commit takes the
+    cell's ledger line back out, so a rerun collects it again.
+    """
+    todo = pending(src, dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    repo = Path(_git(dst, "rev-parse", "--show-toplevel")) if commit and todo else None
+    prefix = dst.resolve().parent.name or "runs"
+    ledger = dst / "ledger.jsonl"
     done = []
-    for line, r in pending(src, dst):
+    for line, r in todo:
         s, d = src / r["cell"], dst / r["cell"]
+        if d.resolve() == s.resolve():
+            raise SystemExit(f"collect_cells: --src and --dst hold the same folder {d}; nothing to copy")
+        msg = commit_message(r, json.loads((s / "metrics.json").read_text()), prefix)
         if (d / "metrics.json").exists() and not filecmp.cmp(s / "metrics.json", d / "metrics.json", shallow=False):
             if not replace:
                 raise SystemExit(f"collect_cells: {d} already holds a different metrics.json; move it away "
@@ -90,14 +144,18 @@ def collect(src: Path, dst: Path, replace: bool = False, commit: bool = False) -
         if d.exists():
             shutil.rmtree(d)
         shutil.copytree(s, d, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
-        dst.mkdir(parents=True, exist_ok=True)
-        with (dst / "ledger.jsonl").open("a") as f:
+        size = ledger.stat().st_size if ledger.exists() else 0
+        with ledger.open("a") as f:
             f.write(line + "\n")
-        metrics = json.loads((s / "metrics.json").read_text())
-        msg = commit_message(r, metrics)
         if commit:
-            subprocess.run(["git", "add", "--", str(d), str(dst / "ledger.jsonl")], check=True)
-            subprocess.run(["git", "commit", "-q", "-m", msg], check=True)
+            paths = [str(d.resolve()), str(ledger.resolve())]
+            try:
+                _git(repo, "add", "--", *paths)
+                _git(repo, "commit", "-q", "-m", msg, "--", *paths)  # only these paths, not the user's staging
+            except SystemExit:
+                with ledger.open("r+") as f:  # the ledger line goes back out: a rerun collects the cell again
+                    f.truncate(size)
+                raise
         log.info("%s", msg)
         done.append(r["cell"])
     if not done:
@@ -117,10 +175,6 @@ def main(argv=None) -> int:
         collect(a.src, a.dst, a.replace, a.commit)
     except SystemExit as e:
         print(e, file=sys.stderr)
-        return 2
-    except subprocess.CalledProcessError as e:
-        print(f"collect_cells: `{' '.join(e.cmd)}` failed (exit {e.returncode}); run it from inside the git "
-              "repository that holds --dst, or drop --commit", file=sys.stderr)
         return 2
     return 0
 

@@ -1,5 +1,6 @@
 """scripts/collect_cells.py: finished cells move to the committed folder without checkpoints, once."""
 import json
+import subprocess
 
 import pytest
 
@@ -80,16 +81,65 @@ def test_a_rerun_cell_is_collected_once_with_its_last_line(tmp_path):
         f.write(json.dumps({"cell": "yelp/hstu/bft/seed1", "status": "ran", "written": "2026-12-04T05:00:00",
                             "wall_s": 9.0, "git_sha": "1234567abc"}) + "\n")
     assert cc.collect(src, dst) == ["yelp/hstu/bft/seed1"]
+    assert cc.collect(src, dst) == []  # the earlier line of the same cell is not collected on a second pass
     (line,) = (dst / "ledger.jsonl").read_text().splitlines()
     assert json.loads(line)["written"] == "2026-12-04T05:00:00"
 
 
-def test_commit_outside_a_repository_fails_in_one_line(tmp_path, monkeypatch, capsys):
+def test_a_cell_outside_the_sweep_is_refused_and_the_source_kept(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    outside = tmp_path / "elsewhere" / "run"
+    outside.mkdir(parents=True)
+    (outside / "metrics.json").write_text("{}")
+    (src / "ledger.jsonl").write_text(json.dumps({"cell": str(outside), "status": "ran", "written": "t"}) + "\n")
+    with pytest.raises(SystemExit, match="not a dataset/model/layer/seedK path"):
+        cc.collect(src, tmp_path / "dst")
+    assert (outside / "metrics.json").exists()
+    (src / "ledger.jsonl").write_text('["not", "a", "record"]\n')
+    with pytest.raises(SystemExit, match="is not a ledger record"):
+        cc.collect(src, tmp_path / "dst")
+
+
+def test_a_metrics_file_missing_a_field_is_refused_before_copying(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
     _cell(src, "toys/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
-    monkeypatch.chdir(tmp_path)
+    (src / "toys/sasrec/bft/seed0/metrics.json").write_text('{"best_epoch": 3}')
+    with pytest.raises(SystemExit, match="lacks 'test'"):
+        cc.collect(src, dst)
+    assert not (dst / "toys").exists() and not (dst / "ledger.jsonl").exists()
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_commit_takes_only_the_cell_and_keeps_the_users_staging(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.org")
+    _git(repo, "config", "user.name", "t")
+    (repo / "notes.txt").write_text("staged by the user\n")
+    _git(repo, "add", "notes.txt")
+    src, dst = tmp_path / "src", repo / "results" / "paper_main" / "runs"
+    src.mkdir()
+    _cell(src, "toys/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
+    assert cc.collect(src, dst, commit=True) == ["toys/sasrec/bft/seed0"]
+    assert _git(repo, "log", "--format=%s").startswith("paper_main: toys sasrec bft seed0 (test HR@10 0.0500")
+    committed = set(_git(repo, "show", "--name-only", "--format=", "HEAD").split())
+    assert "results/paper_main/runs/ledger.jsonl" in committed and "notes.txt" not in committed
+    assert not any(p.endswith(".pt") for p in committed)
+    assert "A  notes.txt" in _git(repo, "status", "--porcelain")  # still staged, not committed
+
+
+def test_commit_outside_a_repository_fails_in_one_line_before_copying(tmp_path, monkeypatch, capsys):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    _cell(src, "toys/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert cc.main(["--src", str(src), "--dst", str(dst), "--commit"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "drop --commit" in err[0]
+    assert not (dst / "toys").exists() and not (dst / "ledger.jsonl").exists()

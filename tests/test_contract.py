@@ -613,7 +613,7 @@ def test_sasrec_original_block_computes_the_original() -> None:
     """``block=original``: q = LN1 h; h' = q + Attn(q, kv=h); f = LN2 h'; out = f + FFN_relu(f), against a
     reference written out with torch.nn.functional (eval mode, so no dropout), to 1e-6."""
     from bftrec.layers import build_masks
-    from bftrec.models.sasrec import OriginalSASRecBlock, SelfAttention
+    from bftrec.models.sasrec import OriginalSASRecBlock, PointWiseFFN, SelfAttention
 
     torch.manual_seed(0)
     blk = OriginalSASRecBlock(16, 2, 16, dropout=0.3, attn_dropout=0.3).eval()
@@ -635,6 +635,11 @@ def test_sasrec_original_block_computes_the_original() -> None:
         attn = SelfAttention(16, 2, 0.0).eval()  # kv=x is the ordinary self-attention
         torch.testing.assert_close(attn(h, masks, kv=h), attn(h, masks), atol=1e-6, rtol=1e-6)
     assert isinstance(blk.ffn.act, torch.nn.ReLU) and blk.ffn.hidden_drop.p == 0.3
+    blk.ffn.train()  # the hidden dropout acts in training: some hidden units are zeroed, so outputs move
+    with torch.no_grad():
+        assert not torch.allclose(blk.ffn(f), blk.ffn.eval()(f))
+    with pytest.raises(ConfigError, match="PointWiseFFN act"):
+        PointWiseFFN(16, 16, act="swish")
     default = Factory(MODELS.get("sasrec"), "standard")()
     assert all(isinstance(b.ffn.hidden_drop, torch.nn.Identity) for b in default.stack.blocks)  # default unchanged
 

@@ -126,6 +126,7 @@ class PointWiseFFN(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
+        check_choice(act, ("gelu", "relu"), "PointWiseFFN act")
         self.act = nn.ReLU() if act == "relu" else nn.GELU()
         self.hidden_drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()  # default: no op, no RNG draw
 
@@ -154,7 +155,11 @@ class SASRecBlock(nn.Module):
 class OriginalSASRecBlock(nn.Module):
     """The original SASRec block (Kang & McAuley's TensorFlow code, as RecTools' ``SASRecTransformerLayer``):
     ``q = LN1 h``, ``h' = q + Attn(queries q, keys and values h)``, ``f = LN2 h'``, ``h'' = f + drop(FFN(f))``,
-    FFN with ReLU and dropout on its hidden units. Attention dropout acts on the weights only."""
+    FFN with ReLU and dropout on its hidden units. Attention dropout acts on the weights only.
+
+    Unlike RecTools' defaults, attention never reaches padded keys (``masks.attn``, as in the original
+    TensorFlow code; RecTools' ``use_key_padding_mask=False`` lets queries attend to the zeroed padding),
+    and the final LayerNorm keeps torch's eps 1e-5 (RecTools: 1e-8)."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
         super().__init__()
