@@ -58,14 +58,22 @@ def read_ledger(path: Path) -> list[tuple[str, dict]]:
     return out
 
 
-def _cell_path(cell: str, src_ledger: Path) -> Path:
-    """A ledger cell as a relative ``dataset/model/layer/seedK`` path; anything else refused in one line
-    (an absolute cell is a run outside the sweep folder: collecting it could delete the source)."""
+def _check_cell(cell: str, src_ledger: Path) -> None:
+    """Refuse, in one line, a ledger cell that is not a relative ``dataset/model/layer/seedK`` path (an
+    absolute cell is a run outside the sweep folder: collecting it could delete the source)."""
     p = Path(cell)
     if p.is_absolute() or len(p.parts) != 4 or ".." in p.parts:
         raise SystemExit(f"collect_cells: {src_ledger} names cell {cell!r}, not a dataset/model/layer/seedK "
                          "path under --src; collect that run by hand")
-    return p
+
+
+def _read_metrics(path: Path) -> dict:
+    """A cell's ``metrics.json``; an unreadable one is a one-line SystemExit."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise SystemExit(f"collect_cells: {path} is not valid JSON (a torn write?); rerun that cell or "
+                         "collect it by hand") from None
 
 
 def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
@@ -80,7 +88,7 @@ def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
     last: dict[str, tuple[str, dict]] = {}  # cell -> its last finished line
     for line, r in read_ledger(src_ledger):
         if r.get("status") in DONE:
-            _cell_path(r["cell"], src_ledger)
+            _check_cell(r["cell"], src_ledger)
             last.pop(r["cell"], None)
             last[r["cell"]] = (line, r)
     todo = []
@@ -136,7 +144,7 @@ def collect(src: Path, dst: Path, replace: bool = False, commit: bool = False) -
         s, d = src / r["cell"], dst / r["cell"]
         if d.resolve() == s.resolve():
             raise SystemExit(f"collect_cells: --src and --dst hold the same folder {d}; nothing to copy")
-        msg = commit_message(r, json.loads((s / "metrics.json").read_text()), prefix)
+        msg = commit_message(r, _read_metrics(s / "metrics.json"), prefix)
         if (d / "metrics.json").exists() and not filecmp.cmp(s / "metrics.json", d / "metrics.json", shallow=False):
             if not replace:
                 raise SystemExit(f"collect_cells: {d} already holds a different metrics.json; move it away "

@@ -108,6 +108,9 @@ def test_a_metrics_file_missing_a_field_is_refused_before_copying(tmp_path):
     (src / "toys/sasrec/bft/seed0/metrics.json").write_text('{"best_epoch": 3}')
     with pytest.raises(SystemExit, match="lacks 'test'"):
         cc.collect(src, dst)
+    (src / "toys/sasrec/bft/seed0/metrics.json").write_text('{"best_epoch": 3')  # torn
+    with pytest.raises(SystemExit, match="metrics.json is not valid JSON"):
+        cc.collect(src, dst)
     assert not (dst / "toys").exists() and not (dst / "ledger.jsonl").exists()
 
 
