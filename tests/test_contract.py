@@ -649,7 +649,37 @@ def test_sasrec_original_block_has_no_bft_twin() -> None:
         Factory(MODELS.get("sasrec"), "bft", block="original")()
 
 
-@pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start")])
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+def test_sasrec_xavier_init_keeps_the_contract(layer: str) -> None:
+    factory = Factory(MODELS.get("sasrec"), layer, init="xavier_normal")
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_gradients):
+        check(factory)
+
+
+def test_sasrec_xavier_init_draws_each_matrix_at_its_glorot_scale() -> None:
+    """``model.init=xavier_normal`` (RecTools): every matrix at std sqrt(2 / (fan_in + fan_out)), within 10%
+    on tables of >= 2,000 entries; padding row, biases and LayerNorm as ``normal`` leaves them; the BFT
+    τ table keeps its own initialisation; the default stays N(0, init_std)."""
+    n_items, D = 2000, 64
+    info = data_info(n_items=n_items)
+    cfg = dict(TINY, d_model=D, d_ff=128, init="xavier_normal")
+    torch.manual_seed(0)
+    model = MODELS.get("sasrec")(MODELS.get("sasrec").Config(**cfg), LAYER_CONFIGS["bft"](), info)
+    ref = MODELS.get("sasrec")(MODELS.get("sasrec").Config(**dict(cfg, init="normal")), LAYER_CONFIGS["bft"](), info)
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and not name.startswith("stack.tau"):
+            w = p[1:] if name == "item_emb.weight" else p
+            fan_out, fan_in = p.shape[0], p.shape[1]
+            assert float(w.detach().std()) == pytest.approx(math.sqrt(2 / (fan_in + fan_out)), rel=0.1), name
+    assert torch.count_nonzero(model.item_emb.weight[0]) == 0
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        if p.dim() == 1 or name.startswith("stack.tau"):
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6, msg=name)
+    default = Factory(MODELS.get("sasrec"), "standard")(d_model=D, d_ff=128)
+    assert float(default.stack.blocks[0].ffn.w1.weight.detach().std()) == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start"), ("init", "xavier")])
 def test_sasrec_convention_errors(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"model.{key}"):
         Factory(MODELS.get("sasrec"), "standard")(**{key: value})

@@ -11,7 +11,10 @@ Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch,
   adds the residual to the *normalised* query and uses raw ``h`` for keys and values.
 - Loss is configurable: ``ce`` (full softmax, default), ``bce`` (one uniform negative per position,
   as in the paper, which samples negatives outside the user's history) or ``sampled_softmax``.
-- Embeddings are scaled by sqrt(D) as in the original; initialisation is N(0, 0.02) (BERT-style).
+- Embeddings are scaled by sqrt(D) as in the original; initialisation is N(0, 0.02) (BERT-style);
+  ``model.init=xavier_normal`` draws every matrix (embeddings, projections, FFN) Xavier normal instead,
+  as RecTools does (the eSASRec benchmark, issue 11 item 6); biases stay zero and the BFT τ table keeps
+  its own initialisation.
 - Positions count from the end of the window (the most recent item is always position ``max_len - 1``);
   the original and RecBole count from the first item kept.
 
@@ -57,7 +60,8 @@ class SASRecConfig:
     n_negatives: int = 256     # negatives for sampled_softmax (see negatives_per)
     negatives_per: str = "batch"  # sampled_softmax: batch (one shared draw) | position (HSTU reference)
     ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
-    init_std: float = 0.02     # N(0, init_std) initialisation
+    init_std: float = 0.02     # N(0, init_std) initialisation (init=normal)
+    init: str = "normal"       # normal: N(0, init_std) | xavier_normal: every matrix Xavier normal (RecTools)
     block: str = "pre_ln"      # pre_ln | post_ln (RecBole: embedding LN, post-LN blocks, no final LN) | original
     emb_scale: bool = True     # multiply the item embedding by sqrt(D) (the original); RecBole does not
     positions: str = "from_end"  # from_end: last item = max_len - 1 | from_start: first item kept = 0 (RecBole)
@@ -65,6 +69,7 @@ class SASRecConfig:
 
 BLOCKS = ("pre_ln", "post_ln", "original")
 POSITIONS = ("from_end", "from_start")
+INITS = ("normal", "xavier_normal")
 
 
 class SelfAttention(nn.Module):
@@ -187,6 +192,7 @@ class SASRec(SeqRecModel):
         check_common(cfg, info.n_items)
         check_choice(cfg.block, BLOCKS, "model.block")
         check_choice(cfg.positions, POSITIONS, "model.positions")
+        check_choice(cfg.init, INITS, "model.init")
         if cfg.block == "original" and getattr(layer_cfg, "name", "standard") != "standard":
             raise ConfigError(f"model.block=original has no BFT twin (layer={layer_cfg.name}); use "
                               "layer=standard with it, or model.block=pre_ln or post_ln with a BFT layer")
@@ -196,6 +202,8 @@ class SASRec(SeqRecModel):
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         self.emb_drop = nn.Dropout(cfg.dropout)
         self.apply(self._init)
+        if cfg.init == "xavier_normal":  # before build_stack: the BFT prior reads input_variance()
+            self.xavier_normal_matrices(self)
         block_cls = OriginalSASRecBlock if cfg.block == "original" else SASRecBlock
         if cfg.block == "post_ln":
             from bftrec.models.bert4rec import BERT4RecBlock  # imports this module: not at the top
@@ -209,6 +217,8 @@ class SASRec(SeqRecModel):
             attn_dropout=cfg.attn_dropout)
         for block in self.stack.blocks:  # not the stack itself: the BFT τ table keeps its own init
             block.apply(self._init)
+            if cfg.init == "xavier_normal":
+                self.xavier_normal_matrices(block)
         if cfg.block != "post_ln":
             self.final_ln = nn.LayerNorm(D)
 
