@@ -29,7 +29,8 @@ with the standard layer of the same (dataset, model) and tag, else the untagged 
 one row, over the seeds both have (``matched_seeds``): relative gain of the seed means; a paired
 Wilcoxon signed-rank test (scipy) over users of the per-user metric averaged over seeds (seeds never
 count as extra users); its Holm-adjusted p-value (``holm``); and a 95% percentile bootstrap interval
-of the gain over users (``bootstrap_gain_ci``).
+of the gain over users (``bootstrap_gain_ci``). ``comparisons.csv`` adds each seed's own gain and a
+t-test over seeds (``p_seeds``), which sees the variation between retrainings that the per-user test does not.
 Every table starts with a header: protocol, commit, hardware and date of the runs, and what the
 statistics are.
 """
@@ -47,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.stats import wilcoxon
+from scipy.stats import ttest_1samp, wilcoxon
 
 from bftrec.config import upgrade_legacy_layer
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes
@@ -453,16 +454,30 @@ def relative_gain(vals: list, base: list) -> float | None:
     return float((np.mean([x for x in vals if x is not None]) - b) / b) if b else None
 
 
-def seed_gains(runs: list[dict], base: list[dict], where, metric: str) -> str:
-    """``"0:+0.0182 1:+0.0306"``: the relative gain of each seed that both sides have, seed by seed
-    (``nan`` where the baseline seed has no hit); empty when they share no seed."""
+def seed_gain_values(runs: list[dict], base: list[dict], where, metric: str) -> list[tuple[int, float | None]]:
+    """``[(seed, gain), ...]``: the relative gain of each seed that both sides have, seed by seed (None
+    where the baseline seed has no hit); empty when they share no seed."""
     by_seed = {r["seed"]: r for r in base}
-    out = []
-    for r in sorted(runs, key=lambda r: r["seed"]):
-        if r["seed"] in by_seed:
-            g = relative_gain([stratum_value(r, where, metric)], [stratum_value(by_seed[r["seed"]], where, metric)])
-            out.append(f"{r['seed']}:{'nan' if g is None else format(g, '+.4f')}")
-    return " ".join(out)
+    return [(r["seed"], relative_gain([stratum_value(r, where, metric)],
+                                      [stratum_value(by_seed[r["seed"]], where, metric)]))
+            for r in sorted(runs, key=lambda r: r["seed"]) if r["seed"] in by_seed]
+
+
+def seed_gains(runs: list[dict], base: list[dict], where, metric: str) -> str:
+    """``"0:+0.0182 1:+0.0306"``: ``seed_gain_values`` as text (``nan`` where the baseline seed has no
+    hit); empty when they share no seed."""
+    return " ".join(f"{s}:{'nan' if g is None else format(g, '+.4f')}"
+                    for s, g in seed_gain_values(runs, base, where, metric))
+
+
+def seed_t_p(gains: list[float | None]) -> float | None:
+    """Two-sided one-sample t-test (scipy) that the mean of the per-seed relative gains is 0: a p-value
+    over training seeds, the unit a retraining varies, where the Wilcoxon test's unit is the user at
+    fixed seeds. None with fewer than two seeds, an undefined seed gain, or seeds all equal (no spread)."""
+    vals = np.array([np.nan if g is None else g for g in gains], dtype=float)
+    if len(vals) < 2 or np.isnan(vals).any() or np.ptp(vals) == 0:
+        return None
+    return float(ttest_1samp(vals, 0.0).pvalue)
 
 
 def same_sign(gain: float | None, seed_gains_text: str) -> bool | None:
@@ -482,7 +497,8 @@ def comparisons(groups: dict) -> pd.DataFrame:
     (bootstrap, relative), n_users, seeds and baseline seeds: all over the seeds both cells have
     (``matched_seeds``); and seed_gains, the gain of each of those seeds alone (``seed:gain`` pairs,
     blank-separated), which shows the variation between training seeds that the per-user test does not see,
-    and seeds_same_sign (``same_sign``: every seed's gain has the pooled gain's sign; None with one seed)."""
+    seeds_same_sign (``same_sign``: every seed's gain has the pooled gain's sign; None with one seed) and
+    p_seeds (``seed_t_p``: a t-test over those seed gains; not Holm-adjusted, None with one seed)."""
     rows = []
     for key, rs_all in sorted(groups.items()):
         base = baseline(groups, key) if key[3] != STANDARD else None
@@ -501,6 +517,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
                              "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
                              "baseline_seeds": len(base), "seed_gains": seed_gains(rs, base, where, m)})
                 rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], rows[-1]["seed_gains"])
+                rows[-1]["p_seeds"] = seed_t_p([g for _, g in seed_gain_values(rs, base, where, m)])
     df = pd.DataFrame(rows)
     if len(df):
         df["p_holm"] = None

@@ -177,6 +177,38 @@ def test_comparisons_mark_seed_agreement(runs):
             assert row["seeds_same_sign"] == all(np.sign(v) == np.sign(row["gain"]) != 0 for v in vals)
 
 
+@pytest.mark.parametrize("gains, want", [
+    ([0.02, 0.03, 0.025], None),            # filled below from scipy's formula written out
+    ([0.02], None), ([0.02, None], None), ([0.01, 0.01, 0.01], None),
+])
+def test_seed_t_p_is_a_one_sample_t_test_over_seeds(gains, want):
+    got = _make_tables().seed_t_p(gains)
+    if len(gains) == 3 and len(set(gains)) == 3:
+        g = np.array(gains)
+        t = g.mean() / (g.std(ddof=1) / np.sqrt(3))
+        from scipy.stats import t as student_t
+        assert got == pytest.approx(2 * student_t.sf(abs(t), df=2), rel=1e-9)
+        assert got < 0.05  # three seeds agreeing closely: significant over seeds
+        assert _make_tables().seed_t_p([0.10, -0.12, 0.31]) > 0.3  # one seed against the others: not
+    else:
+        assert got is want
+
+
+def test_comparisons_give_p_over_seeds(runs):
+    mt = _make_tables()
+    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    assert "p_seeds" in comp.columns and len(comp)
+    checked = 0
+    for _, row in comp.iterrows():
+        vals = [float(t.split(":")[1]) for t in row["seed_gains"].split()]
+        if len(vals) >= 2 and not np.isnan(vals).any() and np.ptp(vals) > 1e-3:
+            checked += 1
+            assert 0 < row["p_seeds"] <= 1
+            from scipy.stats import ttest_1samp
+            assert row["p_seeds"] == pytest.approx(ttest_1samp(vals, 0.0).pvalue, rel=0.05, abs=1e-3)
+    assert checked  # the fixture has two seeds per cell: some rows must carry a p over seeds
+
+
 def test_no_shared_seed_warns(runs, tmp_path, caplog):
     import shutil
 
