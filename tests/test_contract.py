@@ -679,7 +679,41 @@ def test_sasrec_xavier_init_draws_each_matrix_at_its_glorot_scale() -> None:
     assert float(default.stack.blocks[0].ffn.w1.weight.detach().std()) == pytest.approx(0.02, rel=0.1)
 
 
-@pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start"), ("init", "xavier")])
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+def test_sasrec_item_dropout_keeps_the_contract(layer: str) -> None:
+    factory = Factory(MODELS.get("sasrec"), layer, item_dropout=0.3)
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_gradients, check_scoring_shortcut):
+        check(factory)
+
+
+def test_sasrec_item_dropout_is_one_draw_shared_by_input_and_output() -> None:
+    """``model.item_dropout`` (RecTools): in training, the loss is next_item_loss over the encoding of ONE
+    dropout draw of the item table, the same draw as output table; other dropouts at 0, so the draw is the
+    only use of the RNG and the reference replays it, to 1e-6. Eval scores ignore it."""
+    from bftrec.models.base import next_item_loss
+
+    train, score = batches()
+    model = Factory(MODELS.get("sasrec"), "standard", dropout=0.0, attn_dropout=0.0, item_dropout=0.5)().train()
+    torch.manual_seed(3)
+    got = model.training_loss(train)
+    torch.manual_seed(3)
+    table = F.dropout(model.item_emb.weight, 0.5, True)  # (N + 1, D): the same draw
+    seq = train["seq"]
+    inputs, targets = seq[:, :-1], seq[:, 1:] * seq[:, :-1].ne(0)  # (B, L) each
+    want = next_item_loss(model.encode(inputs, table=table), targets, table, "ce", 8, N_ITEMS)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    undropped = next_item_loss(model.encode(inputs), targets, model.item_emb.weight, "ce", 8, N_ITEMS)
+    assert abs(float((got - undropped).detach())) > 1e-4  # the draw does act in training
+    half = next_item_loss(model.encode(inputs, table=table), targets, model.item_emb.weight, "ce", 8, N_ITEMS)
+    assert abs(float((got - half).detach())) > 1e-4  # and on the output side too, not only the input lookup
+    off = Factory(MODELS.get("sasrec"), "standard", dropout=0.0, attn_dropout=0.0)()
+    off.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval().score_items(score), off.eval().score_items(score), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("key,value", [("block", "postln"), ("positions", "start"), ("init", "xavier"),
+                                       ("item_dropout", 1.0), ("item_dropout", -0.1)])
 def test_sasrec_convention_errors(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"model.{key}"):
         Factory(MODELS.get("sasrec"), "standard")(**{key: value})

@@ -14,7 +14,8 @@ Deviations from the paper (as in most PyTorch ports, e.g. pmixer/SASRec.pytorch,
 - Embeddings are scaled by sqrt(D) as in the original; initialisation is N(0, 0.02) (BERT-style);
   ``model.init=xavier_normal`` draws every matrix (embeddings, projections, FFN) Xavier normal instead,
   as RecTools does (the eSASRec benchmark, issue 11 item 6); biases stay zero and the BFT τ table keeps
-  its own initialisation.
+  its own initialisation. ``model.item_dropout`` (default 0, off) drops entries of the item table in
+  training, one draw per step shared by the input lookup and the output scores, as RecTools does.
 - Positions count from the end of the window (the most recent item is always position ``max_len - 1``);
   the original and RecBole count from the first item kept.
 
@@ -62,6 +63,7 @@ class SASRecConfig:
     ce_chunk: int = 128        # ce: positions per chunk of the softmax, 0 = materialise (P, N) logits
     init_std: float = 0.02     # N(0, init_std) initialisation (init=normal)
     init: str = "normal"       # normal: N(0, init_std) | xavier_normal: every matrix Xavier normal (RecTools)
+    item_dropout: float = 0.0  # item-table dropout in training, one draw per step for input and output (RecTools)
     block: str = "pre_ln"      # pre_ln | post_ln (RecBole: embedding LN, post-LN blocks, no final LN) | original
     emb_scale: bool = True     # multiply the item embedding by sqrt(D) (the original); RecBole does not
     positions: str = "from_end"  # from_end: last item = max_len - 1 | from_start: first item kept = 0 (RecBole)
@@ -193,6 +195,8 @@ class SASRec(SeqRecModel):
         check_choice(cfg.block, BLOCKS, "model.block")
         check_choice(cfg.positions, POSITIONS, "model.positions")
         check_choice(cfg.init, INITS, "model.init")
+        if not 0.0 <= cfg.item_dropout < 1.0:
+            raise ConfigError(f"model.item_dropout={cfg.item_dropout} must be in [0, 1) (0 = off, the default)")
         if cfg.block == "original" and getattr(layer_cfg, "name", "standard") != "standard":
             raise ConfigError(f"model.block=original has no BFT twin (layer={layer_cfg.name}); use "
                               "layer=standard with it, or model.block=pre_ln or post_ln with a BFT layer")
@@ -232,35 +236,47 @@ class SASRec(SeqRecModel):
             return float(self.emb_ln(x + self.pos_emb(ids % self.cfg.max_len)).var(dim=0).mean())
         return float(x.var(dim=0).mean() + self.pos_emb.weight.var(dim=0).mean())
 
-    def item_embedding(self, item_seq: torch.Tensor) -> torch.Tensor:
+    def item_table(self) -> torch.Tensor:
+        """The (N + 1, D) float item table of one step: ``item_emb.weight``, or in training with
+        ``model.item_dropout > 0`` one dropout draw of it, which the step's input lookup and output
+        scores share (RecTools' ``IdEmbeddingsItemNet``, the eSASRec benchmark's SASRec; issue 11 item 6)."""
+        w = self.item_emb.weight
+        return F.dropout(w, self.cfg.item_dropout, self.training) if self.cfg.item_dropout else w
+
+    def item_embedding(self, item_seq: torch.Tensor, table: Optional[torch.Tensor] = None) -> torch.Tensor:
         """item_seq (B, L) int64 -> (B, L, D) float item embedding ``e_x · sqrt(D)`` (``e_x`` with
-        ``emb_scale=false``), no position, no dropout.
+        ``emb_scale=false``), no position, no dropout; ``table`` (N + 1, D): look up there instead of
+        ``item_emb`` (``item_table``'s draw).
 
         What the BFT stack's τ MLP reads (``tau_input``, BFT.md §0: positions add no precision).
         """
-        x = self.item_emb(item_seq)
+        x = self.item_emb(item_seq) if table is None else F.embedding(item_seq, table, padding_idx=0)
         return x * math.sqrt(self.cfg.d_model) if self.cfg.emb_scale else x
 
-    def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
+    def embed(self, item_seq: torch.Tensor, table: Optional[torch.Tensor] = None) -> torch.Tensor:
         """item_seq (B, L) int64, left-padded -> (B, L, D). ``positions=from_end``: the last column is
-        position max_len - 1; ``from_start``: each row's first item is position 0."""
+        position max_len - 1; ``from_start``: each row's first item is position 0; ``table``: as in
+        ``item_embedding``."""
         L = item_seq.shape[1]
         if self.cfg.positions == "from_end":
             pos = self.pos_emb(torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device))[None]
         else:
             pos = self.pos_emb((item_seq.ne(0).cumsum(1) - 1).clamp(min=0))  # (B, L, D)
-        h = self.item_embedding(item_seq) + pos
+        h = self.item_embedding(item_seq, table) + pos
         if self.cfg.block == "post_ln":
             h = self.emb_ln(h)
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
-               mech: Optional[dict] = None, last_only: bool = False) -> torch.Tensor:
+               mech: Optional[dict] = None, last_only: bool = False,
+               table: Optional[torch.Tensor] = None) -> torch.Tensor:
         """item_seq (B, L) int64, left-padded, L <= max_len -> (B, L, D) hidden states; with
-        ``last_only`` the last block may return the last position alone, (B, 1, D) (``Stack``)."""
+        ``last_only`` the last block may return the last position alone, (B, 1, D) (``Stack``);
+        ``table``: the step's item table (``item_table``), None = ``item_emb``."""
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=True)
-        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding,
+        tau_input = self.item_embedding if table is None else (lambda seq: self.item_embedding(seq, table))
+        h = self.stack(self.embed(item_seq, table), item_seq, masks, mech=mech, tau_input=tau_input,
                        last_only=last_only)
         return h if self.cfg.block == "post_ln" else self.final_ln(h)
 
@@ -269,8 +285,9 @@ class SASRec(SeqRecModel):
         seq = batch["seq"]  # (B, L + 1)
         inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
         targets = targets * inputs.ne(0)  # no target where the input is padding
-        h = self.encode(inputs)
-        return next_item_loss(h, targets, self.item_emb.weight, self.cfg.loss, self.cfg.n_negatives,
+        table = self.item_table()  # (N + 1, D): one draw for the input lookup and the output scores
+        h = self.encode(inputs, table=table)
+        return next_item_loss(h, targets, table, self.cfg.loss, self.cfg.n_negatives,
                               self.n_items, ce_chunk=self.cfg.ce_chunk,
                               negatives_per=self.cfg.negatives_per)
 
