@@ -718,8 +718,9 @@ STATS = (f"- gain: relative difference of the seed means, (mean layer − mean s
          f"gain of the seed-averaged per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
          "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
          "(else the untagged one); comparisons.csv's seed_gains gives the gain of each seed alone, and seeds_same_sign "
-         "whether every seed's gain has the sign of the pooled gain (blank with one seed): the per-user test sees "
-         "users at fixed training seeds, not retrainings")
+         "whether every seed's gain has the sign of the pooled gain (blank with one seed), and p_seeds a two-sided "
+         "one-sample t-test of those seed gains (not Holm-adjusted): the per-user test sees users at fixed "
+         "training seeds, not retrainings")
 
 
 def budgets(runs: list[dict]) -> list[str]:
