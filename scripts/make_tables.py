@@ -463,11 +463,10 @@ def seed_gain_values(runs: list[dict], base: list[dict], where, metric: str) -> 
             for r in sorted(runs, key=lambda r: r["seed"]) if r["seed"] in by_seed]
 
 
-def seed_gains(runs: list[dict], base: list[dict], where, metric: str) -> str:
-    """``"0:+0.0182 1:+0.0306"``: ``seed_gain_values`` as text (``nan`` where the baseline seed has no
-    hit); empty when they share no seed."""
-    return " ".join(f"{s}:{'nan' if g is None else format(g, '+.4f')}"
-                    for s, g in seed_gain_values(runs, base, where, metric))
+def seed_gains(values: list[tuple[int, float | None]]) -> str:
+    """``"0:+0.0182 1:+0.0306"``: ``seed_gain_values``' pairs as text (``nan`` where the baseline seed
+    has no hit); empty when they share no seed."""
+    return " ".join(f"{s}:{'nan' if g is None else format(g, '+.4f')}" for s, g in values)
 
 
 def seed_t_p(gains: list[float | None]) -> float | None:
@@ -510,14 +509,15 @@ def comparisons(groups: dict) -> pd.DataFrame:
             for m in METRICS:
                 a, b = paired_users(rs, base, m, users)
                 ci = bootstrap_gain_ci(a, b)
+                per_seed = seed_gain_values(rs, base, where, m)
                 rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "stratum": name,
                              "metric": m, "gain": relative_gain([stratum_value(r, where, m) for r in rs],
                                                                 [stratum_value(r, where, m) for r in base]),
                              "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
                              "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
-                             "baseline_seeds": len(base), "seed_gains": seed_gains(rs, base, where, m)})
+                             "baseline_seeds": len(base), "seed_gains": seed_gains(per_seed)})
                 rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], rows[-1]["seed_gains"])
-                rows[-1]["p_seeds"] = seed_t_p([g for _, g in seed_gain_values(rs, base, where, m)])
+                rows[-1]["p_seeds"] = seed_t_p([g for _, g in per_seed])
     df = pd.DataFrame(rows)
     if len(df):
         df["p_holm"] = None

@@ -658,8 +658,8 @@ def test_sasrec_xavier_init_keeps_the_contract(layer: str) -> None:
 
 def test_sasrec_xavier_init_draws_each_matrix_at_its_glorot_scale() -> None:
     """``model.init=xavier_normal`` (RecTools): every matrix at std sqrt(2 / (fan_in + fan_out)), within 10%
-    on tables of >= 2,000 entries; padding row, biases and LayerNorm as ``normal`` leaves them; the BFT
-    τ table keeps its own initialisation; the default stays N(0, init_std)."""
+    (the smallest, the position table, has MAX_LEN x 64 = 512 entries); padding row, biases and LayerNorm
+    as ``normal`` leaves them; the BFT τ table keeps its own initialisation; the default stays N(0, init_std)."""
     n_items, D = 2000, 64
     info = data_info(n_items=n_items)
     cfg = dict(TINY, d_model=D, d_ff=128, init="xavier_normal")
