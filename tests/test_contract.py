@@ -644,6 +644,53 @@ def test_sasrec_original_block_computes_the_original() -> None:
     assert all(isinstance(b.ffn.hidden_drop, torch.nn.Identity) for b in default.stack.blocks)  # default unchanged
 
 
+def test_sasrec_no_key_padding_mask_attends_to_padding() -> None:
+    """``model.key_padding_mask=false`` (RecTools' default, with ``block=original``): the contract holds
+    except left-padding invariance, which it breaks by design (padded keys are attendable bias-only
+    projections: more padding, more weight on them); against a reference that zeroes the padding and
+    masks causally only, to 1e-6; and it is refused with any other block, in one line."""
+    from bftrec.layers import build_masks
+    from bftrec.models.sasrec import OriginalSASRecBlock
+
+    factory = Factory(MODELS.get("sasrec"), "standard", block="original", emb_scale=False, key_padding_mask=False)
+    for check in (check_shapes, check_no_nan_on_padding, check_causality, check_gradients, check_scoring_shortcut):
+        check(factory)
+    with pytest.raises(AssertionError):
+        check_left_padding_invariance(factory)
+    # the masks encode() builds: causal only, padding included; the default keeps the key padding mask
+    model, default = factory().eval(), Factory(MODELS.get("sasrec"), "standard", block="original")().eval()
+    items = torch.tensor([[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])  # (2, 6), left-padded
+    seen = {}
+    for name, m in (("off", model), ("on", default)):
+        m.stack.blocks[0].register_forward_pre_hook(lambda mod, args, name=name: seen.__setitem__(name, args[1]))
+        with torch.no_grad():
+            m.encode(items)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert torch.equal(seen["off"].attn[0, 0], causal) and torch.equal(seen["off"].attn[1, 0], causal)
+    assert torch.equal(seen["on"].attn, build_masks(items, causal=True).attn)
+    # one block against a reference: padding zeroed on entry, padded keys and values are the biases
+    torch.manual_seed(0)
+    blk = OriginalSASRecBlock(16, 2, 16, dropout=0.0, attn_dropout=0.0).eval()
+    h = torch.randn(2, 6, 16)  # padding NOT zeroed on purpose: the block zeroes it
+    masks = seen["off"]
+    with torch.no_grad():
+        h0 = h * items.ne(0).unsqueeze(-1)
+        q = F.layer_norm(h0, (16,), blk.ln1.weight, blk.ln1.bias)
+        w, b = blk.attn.qkv.weight, blk.attn.qkv.bias
+        Q, K, V = F.linear(q, w[:16], b[:16]), F.linear(h0, w[16:32], b[16:32]), F.linear(h0, w[32:], b[32:])
+        torch.testing.assert_close(K[0, :2], b[16:32].expand(2, 16))  # padded keys: the key bias alone
+        Q, K, V = (t.view(2, 6, 2, 8).transpose(1, 2) for t in (Q, K, V))  # (B, H, L, d)
+        logits = (Q @ K.transpose(-2, -1) / math.sqrt(8)).masked_fill(~causal, float("-inf"))
+        h1 = q + blk.attn.out((logits.softmax(-1) @ V).transpose(1, 2).reshape(2, 6, 16))
+        f = F.layer_norm(h1, (16,), blk.ln2.weight, blk.ln2.bias)
+        ref = f + blk.ffn.w2(F.relu(blk.ffn.w1(f)))
+        torch.testing.assert_close(blk(h, masks), ref, atol=1e-6, rtol=1e-6)
+        # with the mask, the first row's last position ignores the padding; without, it does not
+        assert not torch.allclose(blk(h, masks)[0, -1], blk(h, build_masks(items, causal=True))[0, -1])
+    with pytest.raises(ConfigError, match="model.key_padding_mask=false needs model.block=original"):
+        Factory(MODELS.get("sasrec"), "standard", key_padding_mask=False)()
+
+
 def test_sasrec_original_block_has_no_bft_twin() -> None:
     with pytest.raises(ConfigError, match="model.block=original has no BFT twin.*use layer=standard"):
         Factory(MODELS.get("sasrec"), "bft", block="original")()

@@ -30,7 +30,10 @@ LayerNorm; the block is ``BERT4RecBlock`` under a causal mask, so ``layer=bft`` 
 ports it (the block behind the eSASRec benchmark's SASRec figures, issue 11 item 6):
 ``q = LN1(h)``, ``h = q + Attn(queries q, keys and values h)`` (the residual adds the *normalised* query),
 ``f = LN2(h)``, ``h = f + drop(FFN(f))`` with a ReLU FFN and dropout on its hidden units, then the final
-LayerNorm. It has no BFT twin: ``layer=bft`` with it is refused in one line.
+LayerNorm. It has no BFT twin: ``layer=bft`` with it is refused in one line. With it,
+``model.key_padding_mask=false`` lets queries attend to the left padding (zeroed inputs, so keys and
+values are the projection biases), RecTools' default; ours (true) masks padded keys, as the TF code. Then
+outputs depend on how much padding a row has, so they are no longer invariant to extra left padding.
 """
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ class SASRecConfig:
     block: str = "pre_ln"      # pre_ln | post_ln (RecBole: embedding LN, post-LN blocks, no final LN) | original
     emb_scale: bool = True     # multiply the item embedding by sqrt(D) (the original); RecBole does not
     positions: str = "from_end"  # from_end: last item = max_len - 1 | from_start: first item kept = 0 (RecBole)
+    key_padding_mask: bool = True  # False: padded keys stay attendable (RecTools' default; block=original only)
 
 
 BLOCKS = ("pre_ln", "post_ln", "original")
@@ -164,9 +168,11 @@ class OriginalSASRecBlock(nn.Module):
     ``q = LN1 h``, ``h' = q + Attn(queries q, keys and values h)``, ``f = LN2 h'``, ``h'' = f + drop(FFN(f))``,
     FFN with ReLU and dropout on its hidden units. Attention dropout acts on the weights only.
 
-    Unlike RecTools' defaults, attention never reaches padded keys (``masks.attn``, as in the original
-    TensorFlow code; RecTools' ``use_key_padding_mask=False`` lets queries attend to the zeroed padding),
-    and the final LayerNorm keeps torch's eps 1e-5 (RecTools: 1e-8)."""
+    Padded positions are zeroed on entry (``masks.valid``; the TF code's and RecTools' timeline mask), so
+    a padded key or value is the projection's bias alone. By default attention never reaches padded keys
+    (``masks.attn``, as in the original TensorFlow code); ``model.key_padding_mask=false`` lets every
+    query attend to them, as RecTools' default ``use_key_padding_mask=False`` does (``SASRec.encode``).
+    The final LayerNorm keeps torch's eps 1e-5 (RecTools: 1e-8)."""
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
         super().__init__()
@@ -178,6 +184,7 @@ class OriginalSASRecBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
         """h (B, L, D) -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``."""
+        h = h * masks.valid.unsqueeze(-1)  # (B, L, D): padding zeroed before every block
         q = self.ln1(h)  # (B, L, D)
         h = (q[:, -1:] if last_only else q) + self.attn(q, masks, last_only, kv=h)  # (B, L or 1, D)
         f = self.ln2(h)
@@ -197,6 +204,9 @@ class SASRec(SeqRecModel):
         check_choice(cfg.init, INITS, "model.init")
         if not 0.0 <= cfg.item_dropout < 1.0:
             raise ConfigError(f"model.item_dropout={cfg.item_dropout} must be in [0, 1) (0 = off, the default)")
+        if not cfg.key_padding_mask and cfg.block != "original":
+            raise ConfigError(f"model.key_padding_mask=false needs model.block=original (RecTools' block, "
+                              f"which zeroes padding before every block), not {cfg.block}; set both or neither")
         if cfg.block == "original" and getattr(layer_cfg, "name", "standard") != "standard":
             raise ConfigError(f"model.block=original has no BFT twin (layer={layer_cfg.name}); use "
                               "layer=standard with it, or model.block=pre_ln or post_ln with a BFT layer")
@@ -275,6 +285,10 @@ class SASRec(SeqRecModel):
         ``table``: the step's item table (``item_table``), None = ``item_emb``."""
         item_seq = item_seq[:, -self.cfg.max_len:]
         masks = build_masks(item_seq, causal=True)
+        if not self.cfg.key_padding_mask:  # RecTools' default: causal only, padded keys attendable
+            L = item_seq.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool, device=item_seq.device).tril()  # (L, L)
+            masks = Masks(attn=causal.expand(item_seq.shape[0], 1, L, L), valid=masks.valid)  # (B, 1, L, L)
         tau_input = self.item_embedding if table is None else (lambda seq: self.item_embedding(seq, table))
         h = self.stack(self.embed(item_seq, table), item_seq, masks, mech=mech, tau_input=tau_input,
                        last_only=last_only)
