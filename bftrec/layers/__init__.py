@@ -38,10 +38,12 @@ class Masks:
     valid: torch.Tensor
 
 
-def build_masks(items: torch.Tensor, causal: bool) -> Masks:
-    """The one shared mask builder. items (B, L) int64 with 0 = padding."""
+def build_masks(items: torch.Tensor, causal: bool, key_padding: bool = True) -> Masks:
+    """The one shared mask builder. items (B, L) int64 with 0 = padding. ``key_padding=False`` leaves
+    padded keys attendable (``attn`` then depends on ``causal`` alone; RecTools' default, SASRec's
+    ``model.key_padding_mask=false``); ``valid`` still marks the real tokens."""
     valid = items.ne(0)  # (B, L)
-    attn = valid[:, None, None, :]  # (B, 1, 1, L) key valid
+    attn = (valid if key_padding else torch.ones_like(valid))[:, None, None, :]  # (B, 1, 1, L) key may be attended
     if causal:
         L = items.shape[1]
         tril = torch.ones(L, L, dtype=torch.bool, device=items.device).tril()

@@ -284,11 +284,7 @@ class SASRec(SeqRecModel):
         ``last_only`` the last block may return the last position alone, (B, 1, D) (``Stack``);
         ``table``: the step's item table (``item_table``), None = ``item_emb``."""
         item_seq = item_seq[:, -self.cfg.max_len:]
-        masks = build_masks(item_seq, causal=True)
-        if not self.cfg.key_padding_mask:  # RecTools' default: causal only, padded keys attendable
-            L = item_seq.shape[1]
-            causal = torch.ones(L, L, dtype=torch.bool, device=item_seq.device).tril()  # (L, L)
-            masks = Masks(attn=causal.expand(item_seq.shape[0], 1, L, L), valid=masks.valid)  # (B, 1, L, L)
+        masks = build_masks(item_seq, causal=True, key_padding=self.cfg.key_padding_mask)
         tau_input = self.item_embedding if table is None else (lambda seq: self.item_embedding(seq, table))
         h = self.stack(self.embed(item_seq, table), item_seq, masks, mech=mech, tau_input=tau_input,
                        last_only=last_only)
