@@ -269,8 +269,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         load_weights(model, ck, last, "resume with the run's own config (trainer.resume reads its config.yaml)")
         opt.load_state_dict(ck["optimizer"])
         state = ck["state"]
-        gen.set_state(ck["generator"])
-        torch.set_rng_state(ck["torch_rng"])
+        gen.set_state(ck["generator"].cpu())  # CPU RNG states: map_location moved them to a GPU run's device
+        torch.set_rng_state(ck["torch_rng"].cpu())
         log.info("resumed from %s at epoch %d", last, state["epoch"])
         best_ck = Path(cfg.resume) / "checkpoint.pt"
         if best_ck.exists():  # the best epoch may precede the resume: it must be readable

@@ -1,0 +1,58 @@
+"""scripts/device_pack.py: what comes back from a borrowed GPU machine is every cell's small files and the
+checkpoints of the cells a deadline cut, within the limits on what comes back."""
+import tarfile
+
+from tests.scripts import load_script
+
+dp = load_script("device_pack")
+
+
+def _cell(root, name, epochs, finished, pt_bytes=1000):
+    cell = root / "runs" / name
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "config.yaml").write_text("x: 1\n")
+    (cell / "config.yaml").write_text("seed: 0\n")
+    (cell / "history.csv").write_text("epoch,loss\n" + "".join(f"{e},0.5\n" for e in range(1, epochs + 1)))
+    (cell / "last.pt").write_bytes(bytes(pt_bytes))
+    (cell / "checkpoint.pt").write_bytes(bytes(pt_bytes))
+    if finished:
+        (cell / "metrics.json").write_text("{}")
+    return cell
+
+
+def _names(path):
+    with tarfile.open(path) as tar:
+        return sorted(tar.getnames())
+
+
+def test_small_files_of_all_cells_and_checkpoints_of_unfinished_ones(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    _cell(work, "a/sasrec/bft/seed1", 5, finished=True)
+    _cell(work, "a/sasrec/standard/seed1", 3, finished=False)
+    _cell(work, "a/hstu/bft/seed1", 9, finished=False)
+    (work / "runs" / "ledger.jsonl").write_text("{}\n")
+    (out / "machine.txt").write_text("gpu\n")
+    assert dp.main(work, out) == 0
+    small = _names(out / "cells.tgz")
+    assert "runs/ledger.jsonl" in small and "runs/a/sasrec/bft/seed1/metrics.json" in small
+    assert not [n for n in small if n.endswith(".pt")]
+    # one archive per unfinished cell, most epochs first; none for the finished cell; numbered after
+    # the two files already in OUT
+    assert _names(out / "ckpt_2.tgz") == ["runs/a/hstu/bft/seed1/checkpoint.pt", "runs/a/hstu/bft/seed1/last.pt"]
+    assert _names(out / "ckpt_3.tgz") == ["runs/a/sasrec/standard/seed1/checkpoint.pt",
+                                          "runs/a/sasrec/standard/seed1/last.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_2.tgz", "ckpt_3.tgz", "machine.txt"]
+
+
+def test_checkpoints_over_the_limits_stay_behind(tmp_path, monkeypatch, caplog):
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    for k in range(4):
+        _cell(work, f"a/m/l/seed{k}", 10 - k, finished=False, pt_bytes=200_000)
+    _cell(work, "a/m/l/seed9", 1, finished=False).joinpath("last.pt").unlink()  # killed in its first epoch
+    monkeypatch.setattr(dp, "MAX_FILES", 3)  # cells.tgz + two checkpoint archives
+    assert dp.main(work, out) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_1.tgz", "ckpt_2.tgz"]
+    assert _names(out / "ckpt_1.tgz")[0].startswith("runs/a/m/l/seed0/")  # the most epochs
+    assert "left behind (limits): runs/a/m/l/seed3 (7 epochs)" in caplog.text
