@@ -14,7 +14,9 @@ cells that have finished (``metrics.json`` present) and projects the missing cel
    training + validation seconds, run seconds = their sum, each beside the estimate's figure and
    their ratio. The run seconds leave out data loading and test scoring, and they include whatever
    shared the cores at the time (a third run, a pause): the ratio says how far the estimate was from
-   what the grid met on the machine, not what a cell costs alone.
+   what the grid met on the machine, not what a cell costs alone. Only cells whose every epoch ran on
+   the CPU are timed (``train.log``: each process logs its device, a resumed one its first epoch); a
+   cell run wholly or partly on a GPU counts for its epochs only (``devices`` names where they ran).
 2. **Missing cells**, one rule each, stated in the JSON:
    - s/epoch: the median measured s/epoch of the finished cells of the same (dataset, backbone,
      layer); else that of the same (dataset, backbone) in another layer, times the median ratio of
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -52,12 +55,32 @@ import bench_grid_cost as cost  # noqa: E402  (a sibling script, not a package)
 KEY = ["dataset", "model", "layer"]
 
 
-def finished_cells(runs: Path, grid: pd.DataFrame) -> pd.DataFrame:
+def epoch_devices(log: Path, n_epochs: int) -> list[str]:
+    """Device type ("cpu", "cuda", ...) each of a cell's ``n_epochs`` epochs ran on, from its ``train.log``:
+    every process logs ``..., device <type>`` before training, and a resumed one ``resumed from ... at
+    epoch N`` (its first epoch is N + 1). "?" for an epoch no line covers (no log)."""
+    starts: list[tuple[int, str]] = []  # (first epoch, device type), in log order
+    text = log.read_text() if log.exists() else ""
+    for line in text.splitlines():
+        if m := re.search(r" items, device (\w+)", line):
+            starts.append((1, m.group(1)))
+        elif (m := re.search(r"resumed from .* at epoch (\d+)", line)) and starts:
+            starts[-1] = (int(m.group(1)) + 1, starts[-1][1])
+    out = []
+    for e in range(1, n_epochs + 1):
+        on = [dev for first, dev in starts if first <= e]
+        out.append(on[-1] if on else "?")
+    return out
+
+
+def finished_cells(runs: Path, grid: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:
     """One row per cell of ``grid`` finished under ``runs``: epochs run, best epoch, measured seconds.
 
     Args:
         runs: a grid's runs folder, ``<runs>/<dataset>/<model>/<layer>/seed<k>/``.
         grid: the estimate's cells (columns dataset, model, layer, seed, s_per_epoch, expected_s, ...).
+        device: the device type the estimate is for; a cell with an epoch elsewhere is not timed (its
+            seconds columns are NaN; ``devices`` says where its epochs ran).
     """
     rows = []
     for g in grid.to_dict("records"):
@@ -66,13 +89,16 @@ def finished_cells(runs: Path, grid: pd.DataFrame) -> pd.DataFrame:
             continue
         h = pd.read_csv(d / "history.csv")
         per_epoch = h["train_seconds"] + h["eval_seconds"].fillna(0)  # (epochs,) s
-        s = float(per_epoch.median())
+        devs = epoch_devices(d / "train.log", len(h))
+        timed = all(x in (device, "?") for x in devs)  # "?": no log to say otherwise
+        s, run_s = (float(per_epoch.median()), float(per_epoch.sum())) if timed else (float("nan"),) * 2
         rows.append({**{k: g[k] for k in [*KEY, "seed"]}, "epochs_run": int(len(h)),
                      "best_epoch": int(json.loads((d / "metrics.json").read_text())["best_epoch"]),
+                     "devices": ", ".join(f"{x} {devs.count(x)} epochs" for x in dict.fromkeys(devs)),
                      "s_per_epoch": round(s, 2), "s_per_epoch_estimated": g["s_per_epoch"],
                      "ratio_s_per_epoch": round(s / g["s_per_epoch"], 3),
-                     "run_s": round(float(per_epoch.sum()), 1), "expected_s": g["expected_s"],
-                     "ratio_run_s": round(float(per_epoch.sum()) / g["expected_s"], 3),
+                     "run_s": round(run_s, 1), "expected_s": g["expected_s"],
+                     "ratio_run_s": round(run_s / g["expected_s"], 3),
                      "epochs_expected": g["epochs_expected"]})
     return pd.DataFrame(rows)
 
@@ -140,20 +166,22 @@ def project_missing(grid: pd.DataFrame, done: pd.DataFrame, ref: pd.DataFrame | 
 
     ``ref``: ``reference_epochs``' runs outside the grid (None: that rule is skipped)."""
     have = set(map(tuple, done[[*KEY, "seed"]].values.tolist())) if len(done) else set()
+    timed = done[done["s_per_epoch"].notna()] if len(done) else done  # seconds: CPU-only cells
     rows = []
     for g in grid.to_dict("records"):
         if (g["dataset"], g["model"], g["layer"], g["seed"]) in have:
             continue
         same = done[(done["dataset"] == g["dataset"]) & (done["model"] == g["model"])
                     & (done["layer"] == g["layer"])] if len(done) else done
-        if len(same):
-            spe, ratio, src = float(same["s_per_epoch"].median()), float(same["ratio_s_per_epoch"].median()), \
-                f"measured ({len(same)} cells)"
-        elif len(done) and (o := _from_other_layer(done, g)) is not None:
+        same_t = same[same["s_per_epoch"].notna()] if len(same) else same
+        if len(same_t):
+            spe, ratio, src = float(same_t["s_per_epoch"].median()), float(same_t["ratio_s_per_epoch"].median()), \
+                f"measured ({len(same_t)} cells)"
+        elif len(timed) and (o := _from_other_layer(timed, g)) is not None:
             spe, src = o
             ratio = spe / g["s_per_epoch"]
-        elif len(done):
-            ratio, src = _ratio(done, g)
+        elif len(timed):
+            ratio, src = _ratio(timed, g)
             spe = g["s_per_epoch"] * ratio
         else:
             spe, ratio, src = g["s_per_epoch"], 1.0, "estimate (no cell finished)"
@@ -206,9 +234,11 @@ def main(argv: list[str] | None = None) -> None:
     sl = cost.slices(left, args.first.split(","), args.n_jobs, args.slice_hours * 3600) if len(left) else []
     summary = {}
     if len(done):
-        summary = {"cells": int(len(done)), "run_core_h": round(done["run_s"].sum() / 3600, 2),
-                   "expected_core_h": round(done["expected_s"].sum() / 3600, 2),
-                   "median_ratio_s_per_epoch": float(done["ratio_s_per_epoch"].median()),
+        timed = done[done["s_per_epoch"].notna()]
+        summary = {"cells": int(len(done)), "cells_timed": int(len(timed)),
+                   "run_core_h": round(timed["run_s"].sum() / 3600, 2),
+                   "expected_core_h": round(timed["expected_s"].sum() / 3600, 2),
+                   "median_ratio_s_per_epoch": float(timed["ratio_s_per_epoch"].median()),
                    "median_ratio_epochs": float((done["epochs_run"] / done["epochs_expected"]).median())}
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
@@ -222,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
                    "expected_wall_h": round(left["expected_s"].sum() / args.n_jobs / 3600, 1) if len(left) else 0.0,
                    "cap_core_h": round(left["cap_s"].sum() / 3600, 1) if len(left) else 0.0},
         "slices": sl,
-        "finished_cells": done.to_dict("records"),
+        "finished_cells": done.astype(object).where(done.notna(), None).to_dict("records"),
         "missing_cells": left.to_dict("records"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

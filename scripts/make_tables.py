@@ -221,10 +221,17 @@ def absent_value(run: dict, key: str):
 
 
 def run_config(run: dict) -> dict:
-    """The run's flat config after ``normalise_config`` ({} without config.yaml)."""
+    """The run's flat config after ``normalise_config`` ({} without config.yaml), with ``trainer.amp`` as it
+    took effect: bf16 autocast runs only on CUDA (``bftrec.trainer.fit``: ``cfg.amp and device.type ==
+    "cuda"``), so a run whose ``env.json`` names another device ran in float32 whatever ``trainer.amp``
+    said (the main grid's CPU cells say true, its GPU cells ran with false: the same computation)."""
     path = run["_dir"] / "config.yaml"
     cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
-    return _flat(normalise_config(cfg))
+    flat = _flat(normalise_config(cfg))
+    device = str(run.get("_env", {}).get("device", ""))
+    if "trainer.amp" in flat and device and not device.startswith("cuda"):
+        flat["trainer.amp"] = False
+    return flat
 
 
 def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:

@@ -106,3 +106,33 @@ def test_replan_takes_epochs_from_reference_runs_of_the_same_recipe(tmp_path):
     assert cell["epochs"] == 4 and "same backbone and layer" in cell["epochs_rule"]
     with pytest.raises(SystemExit, match="no folder .* for --epochs-from"):
         rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out), "--epochs-from", str(tmp_path / "x")])
+
+
+def test_epochs_on_another_device_count_for_epochs_not_for_seconds(tmp_path):
+    """A cell trained on a GPU (or started there and resumed on the CPU) says nothing about CPU seconds: it
+    is not timed, but its epochs still inform the projection."""
+    rp = load_script("grid_replan")
+    log = ("[x][bftrec][INFO] - sasrec/bft on ml-1m: 1 parameters, 9 users, 9 items, device {dev}\n")
+    est = tmp_path / "est.json"
+    _estimate(est, [("ml-1m", "sasrec", "standard", s, 10.0) for s in range(4)])
+    runs = tmp_path / "runs"
+    _finish(runs, "ml-1m/sasrec/standard/seed0", [20.0] * 6, best=3)  # CPU: timed
+    (runs / "ml-1m/sasrec/standard/seed0/train.log").write_text(log.format(dev="cpu"))
+    _finish(runs, "ml-1m/sasrec/standard/seed1", [2.0] * 10, best=5)  # GPU only
+    (runs / "ml-1m/sasrec/standard/seed1/train.log").write_text(log.format(dev="cuda"))
+    _finish(runs, "ml-1m/sasrec/standard/seed2", [2.0] * 3 + [20.0] * 5, best=4)  # GPU, resumed on the CPU
+    (runs / "ml-1m/sasrec/standard/seed2/train.log").write_text(
+        log.format(dev="cuda") + log.format(dev="cpu")
+        + "[x][bftrec.trainer][INFO] - resumed from /r/last.pt at epoch 3\n")
+    assert rp.epoch_devices(runs / "ml-1m/sasrec/standard/seed2/train.log", 8) == ["cuda"] * 3 + ["cpu"] * 5
+    out = tmp_path / "replan.json"
+    rp.main(["--runs", str(runs), "--estimate", str(est), "--out", str(out)])
+    r = json.loads(out.read_text())
+    cells = {c["seed"]: c for c in r["finished_cells"]}
+    assert cells[0]["s_per_epoch"] == 20.0 and cells[1]["s_per_epoch"] is None and cells[2]["run_s"] is None
+    assert cells[2]["devices"] == "cuda 3 epochs, cpu 5 epochs"
+    assert r["finished"]["cells"] == 3 and r["finished"]["cells_timed"] == 1
+    assert r["finished"]["run_core_h"] == round(120.0 / 3600, 2)
+    (left,) = r["missing_cells"]
+    assert left["s_per_epoch"] == 20.0 and left["s_per_epoch_rule"] == "measured (1 cells)"
+    assert left["epochs"] == 8.0  # mean epochs of all three: (6 + 10 + 8) / 3

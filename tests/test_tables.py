@@ -428,3 +428,22 @@ def test_header_says_which_runs_ran_at_which_commit_when_they_differ(runs, tmp_p
     assert "\n  - at bbbbbbbbbb+dirty: synthetic: sasrec bft seed 1\n" in head, head
     mt.main(["--runs", str(runs / "runs"), "--out", str(tmp_path / "one")])
     assert "  - at " not in (tmp_path / "one" / "overall.md").read_text()
+
+
+def test_amp_counts_only_where_it_took_effect(runs, tmp_path):
+    """bf16 autocast runs on CUDA only: a CPU run's trainer.amp=true is float32, the same computation as
+    a GPU run's amp=false (the main grid mixes both), but not as a GPU run's amp=true."""
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+
+    def set_run(seed: int, amp: bool, device: str) -> None:
+        _edit_config(root / "bft" / f"seed{seed}", lambda c: c["trainer"].update(amp=amp))
+        env = root / "bft" / f"seed{seed}" / "env.json"
+        env.write_text(json.dumps({**json.loads(env.read_text()), "device": device}))
+
+    set_run(0, True, "cpu")
+    set_run(1, False, "cuda")
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # both float32: one cell
+    set_run(1, True, "cuda:0")
+    with pytest.raises(SystemExit, match="differ at trainer.amp"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t2")])
