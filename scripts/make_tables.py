@@ -42,6 +42,7 @@ import functools
 import itertools
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -223,15 +224,22 @@ def absent_value(run: dict, key: str):
 def run_config(run: dict) -> dict:
     """The run's flat config after ``normalise_config`` ({} without config.yaml), with ``trainer.amp`` as it
     took effect: bf16 autocast runs only on CUDA (``bftrec.trainer.fit``: ``cfg.amp and device.type ==
-    "cuda"``), so a run whose ``env.json`` names another device ran in float32 whatever ``trainer.amp``
+    "cuda"``), so a run none of whose processes trained on CUDA ran in float32 whatever ``trainer.amp``
     said (the main grid's CPU cells say true, its GPU cells ran with false: the same computation)."""
     path = run["_dir"] / "config.yaml"
     cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
     flat = _flat(normalise_config(cfg))
-    device = str(run.get("_env", {}).get("device", ""))
-    if "trainer.amp" in flat and device and not device.startswith("cuda"):
+    if "trainer.amp" in flat and not any(d.startswith("cuda") for d in run_devices(run)):
         flat["trainer.amp"] = False
     return flat
+
+
+def run_devices(run: dict) -> set[str]:
+    """Device types a run trained on: every process logs ``..., device <type>`` in ``train.log`` (a run
+    resumed elsewhere has several); without a log, ``env.json``'s device; {"?"} when neither says."""
+    log = run["_dir"] / "train.log"
+    found = set(re.findall(r" items, device (\w+)", log.read_text())) if log.exists() else set()
+    return found or {str(run.get("_env", {}).get("device") or "?")}
 
 
 def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:

@@ -436,14 +436,20 @@ def test_amp_counts_only_where_it_took_effect(runs, tmp_path):
     mt = _make_tables()
     root = _copy(runs, tmp_path)
 
-    def set_run(seed: int, amp: bool, device: str) -> None:
-        _edit_config(root / "bft" / f"seed{seed}", lambda c: c["trainer"].update(amp=amp))
-        env = root / "bft" / f"seed{seed}" / "env.json"
-        env.write_text(json.dumps({**json.loads(env.read_text()), "device": device}))
+    def set_run(seed: int, amp: bool, *devices: str) -> None:
+        cell = root / "bft" / f"seed{seed}"
+        _edit_config(cell, lambda c: c["trainer"].update(amp=amp))
+        env = cell / "env.json"
+        env.write_text(json.dumps({**json.loads(env.read_text()), "device": devices[-1]}))
+        (cell / "train.log").write_text("".join(f"[x][bftrec][INFO] - sasrec/bft on d: 1 parameters, 9 users, "
+                                                f"9 items, device {d}\n" for d in devices))
 
     set_run(0, True, "cpu")
     set_run(1, False, "cuda")
     mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # both float32: one cell
-    set_run(1, True, "cuda:0")
+    set_run(1, True, "cuda")
     with pytest.raises(SystemExit, match="differ at trainer.amp"):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t2")])
+    set_run(1, True, "cuda", "cpu")  # started on a GPU in bf16, resumed on the CPU: env.json says cpu
+    with pytest.raises(SystemExit, match="differ at trainer.amp"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t3")])
