@@ -37,12 +37,12 @@ def test_small_files_of_all_cells_and_checkpoints_of_unfinished_ones(tmp_path):
     small = _names(out / "cells.tgz")
     assert "runs/ledger.jsonl" in small and "runs/a/sasrec/bft/seed1/metrics.json" in small
     assert not [n for n in small if n.endswith(".pt")]
-    # one archive per unfinished cell, most epochs first; none for the finished cell; numbered after
-    # the two files already in OUT
-    assert _names(out / "ckpt_2.tgz") == ["runs/a/hstu/bft/seed1/checkpoint.pt", "runs/a/hstu/bft/seed1/last.pt"]
-    assert _names(out / "ckpt_3.tgz") == ["runs/a/sasrec/standard/seed1/checkpoint.pt",
+    # the unfinished cells' checkpoints, most epochs first, in one archive (they fit 15 MiB), numbered
+    # after the two files already in OUT; none of the finished cell
+    assert _names(out / "ckpt_2.tgz") == ["runs/a/hstu/bft/seed1/checkpoint.pt", "runs/a/hstu/bft/seed1/last.pt",
+                                          "runs/a/sasrec/standard/seed1/checkpoint.pt",
                                           "runs/a/sasrec/standard/seed1/last.pt"]
-    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_2.tgz", "ckpt_3.tgz", "machine.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_2.tgz", "machine.txt"]
 
 
 def test_checkpoints_over_the_limits_stay_behind(tmp_path, monkeypatch, caplog):
@@ -51,8 +51,11 @@ def test_checkpoints_over_the_limits_stay_behind(tmp_path, monkeypatch, caplog):
     for k in range(4):
         _cell(work, f"a/m/l/seed{k}", 10 - k, finished=False, pt_bytes=200_000)
     _cell(work, "a/m/l/seed9", 1, finished=False).joinpath("last.pt").unlink()  # killed in its first epoch
-    monkeypatch.setattr(dp, "MAX_FILES", 3)  # cells.tgz + two checkpoint archives
+    monkeypatch.setattr(dp, "MAX_FILE", 900_000)  # two cells' checkpoints (2 x 400 kB raw) per archive
+    monkeypatch.setattr(dp, "MAX_FILES", 2)  # cells.tgz + one checkpoint archive
     assert dp.main(work, out) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_1.tgz", "ckpt_2.tgz"]
-    assert _names(out / "ckpt_1.tgz")[0].startswith("runs/a/m/l/seed0/")  # the most epochs
+    assert sorted(p.name for p in out.iterdir()) == ["cells.tgz", "ckpt_1.tgz"]
+    assert {n.split("/")[4] for n in _names(out / "ckpt_1.tgz")} == {"seed0", "seed1"}  # the most epochs
+    assert "left behind (limits): runs/a/m/l/seed2 (8 epochs)" in caplog.text
     assert "left behind (limits): runs/a/m/l/seed3 (7 epochs)" in caplog.text
+    assert "seed9" not in caplog.text  # nothing to resume, so nothing left behind
