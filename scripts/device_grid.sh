@@ -32,7 +32,8 @@ if [ "${WHEELS:-1}" = 1 ]; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 BFTREC_DATA_ROOT=$ROOT/.gpu/data BFTREC_CACHE_DIR=/tmp/bftrec-cache
-command -v git >/dev/null && git config --global --add safe.directory '*'
+# the clones may belong to another user there: trust them for this job's git calls only (no global config)
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1; nproc; git --version 2>&1
   $PY -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"; } \
   | tee "$OUT/machine.txt"
