@@ -23,6 +23,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import socket
 from contextlib import contextmanager
 from datetime import datetime
@@ -222,3 +223,29 @@ def append_ledger(path: Path, record: dict) -> None:
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def training_segments(log: Path) -> list[tuple[int, str]]:
+    """(first epoch, device type) of each process that trained a run, in order, read from its
+    ``train.log``: ``bftrec.train.run`` logs ``... items, device <type>`` before training, and
+    ``bftrec.trainer.fit`` logs ``resumed from ... at epoch N`` when it resumes (first epoch N + 1).
+    [] without a log. A run resumed on another machine has several segments."""
+    segments: list[tuple[int, str]] = []
+    text = log.read_text() if log.exists() else ""
+    for line in text.splitlines():
+        if m := re.search(r" items, device (\w+)", line):
+            segments.append((1, m.group(1)))
+        elif (m := re.search(r"resumed from .* at epoch (\d+)", line)) and segments:
+            segments[-1] = (int(m.group(1)) + 1, segments[-1][1])
+    return segments
+
+
+def epoch_devices(log: Path, n_epochs: int) -> list[str]:
+    """Device type ("cpu", "cuda", ...) each of a run's ``n_epochs`` epochs ran on (``training_segments``);
+    "?" for an epoch no segment covers (no log)."""
+    segments = training_segments(log)
+    out = []
+    for e in range(1, n_epochs + 1):
+        on = [dev for first, dev in segments if first <= e]
+        out.append(on[-1] if on else "?")
+    return out

@@ -75,4 +75,7 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if len(sys.argv) != 3:
         sys.exit("usage: python scripts/device_pack.py WORK OUT")
+    for what, folder in (("WORK (the grid's out_root)", Path(sys.argv[1])), ("OUT", Path(sys.argv[2]))):
+        if not folder.is_dir():
+            sys.exit(f"device_pack: {what} {folder} is not a folder; pass existing folders")
     sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))

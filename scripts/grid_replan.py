@@ -42,35 +42,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
+from bftrec.grid import epoch_devices
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_grid_cost as cost  # noqa: E402  (a sibling script, not a package)
 
 KEY = ["dataset", "model", "layer"]
-
-
-def epoch_devices(log: Path, n_epochs: int) -> list[str]:
-    """Device type ("cpu", "cuda", ...) each of a cell's ``n_epochs`` epochs ran on, from its ``train.log``:
-    every process logs ``..., device <type>`` before training, and a resumed one ``resumed from ... at
-    epoch N`` (its first epoch is N + 1). "?" for an epoch no line covers (no log)."""
-    starts: list[tuple[int, str]] = []  # (first epoch, device type), in log order
-    text = log.read_text() if log.exists() else ""
-    for line in text.splitlines():
-        if m := re.search(r" items, device (\w+)", line):
-            starts.append((1, m.group(1)))
-        elif (m := re.search(r"resumed from .* at epoch (\d+)", line)) and starts:
-            starts[-1] = (int(m.group(1)) + 1, starts[-1][1])
-    out = []
-    for e in range(1, n_epochs + 1):
-        on = [dev for first, dev in starts if first <= e]
-        out.append(on[-1] if on else "?")
-    return out
 
 
 def finished_cells(runs: Path, grid: pd.DataFrame, device: str = "cpu") -> pd.DataFrame:

@@ -42,7 +42,6 @@ import functools
 import itertools
 import json
 import logging
-import re
 import sys
 from pathlib import Path
 
@@ -52,7 +51,7 @@ import yaml
 from scipy.stats import ttest_1samp, wilcoxon
 
 from bftrec.config import upgrade_legacy_layer
-from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes
+from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
 
 METRICS = ("HR@10", "NDCG@10")
 STANDARD = "standard"
@@ -237,8 +236,7 @@ def run_config(run: dict) -> dict:
 def run_devices(run: dict) -> set[str]:
     """Device types a run trained on: every process logs ``..., device <type>`` in ``train.log`` (a run
     resumed elsewhere has several); without a log, ``env.json``'s device; {"?"} when neither says."""
-    log = run["_dir"] / "train.log"
-    found = set(re.findall(r" items, device (\w+)", log.read_text())) if log.exists() else set()
+    found = {dev for _, dev in training_segments(run["_dir"] / "train.log")}
     return found or {str(run.get("_env", {}).get("device") or "?")}
 
 

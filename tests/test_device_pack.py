@@ -59,3 +59,16 @@ def test_checkpoints_over_the_limits_stay_behind(tmp_path, monkeypatch, caplog):
     assert "left behind (limits): runs/a/m/l/seed2 (8 epochs)" in caplog.text
     assert "left behind (limits): runs/a/m/l/seed3 (7 epochs)" in caplog.text
     assert "seed9" not in caplog.text  # nothing to resume, so nothing left behind
+
+
+def test_missing_folders_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.scripts import SCRIPTS
+
+    r = subprocess.run([sys.executable, str(SCRIPTS / "device_pack.py"), str(tmp_path / "nowork"), str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        f"device_pack: WORK (the grid's out_root) {tmp_path / 'nowork'} is not a folder; pass existing folders"]
+    assert not list(tmp_path.iterdir())  # nothing written
