@@ -492,14 +492,14 @@ def seed_t_p(gains: list[float | None]) -> float | None:
     return float(ttest_1samp(vals, 0.0).pvalue)
 
 
-def same_sign(gain: float | None, seed_gains_text: str) -> bool | None:
-    """Whether every matched seed's gain is defined and has the sign of the pooled ``gain`` (a zero
-    counts as no sign); None with fewer than two seeds or no pooled gain. A seed-level check that the
-    per-user test cannot make: it sees users at fixed training seeds, not retrainings."""
-    vals = [float(t.split(":", 1)[1]) for t in seed_gains_text.split()]
-    if gain is None or pd.isna(gain) or len(vals) < 2:
+def same_sign(gain: float | None, gains: list[float | None]) -> bool | None:
+    """Whether every matched seed's gain (``seed_gain_values``' numbers, not their 4-decimal text) is
+    defined and has the sign of the pooled ``gain`` (an exact zero counts as no sign); None with fewer than
+    two seeds or no pooled gain. A seed-level check that the per-user test cannot make: it sees users at
+    fixed training seeds, not retrainings."""
+    if gain is None or pd.isna(gain) or len(gains) < 2:
         return None
-    return all(not np.isnan(v) and np.sign(v) == np.sign(gain) != 0 for v in vals)
+    return all(g is not None and not np.isnan(g) and np.sign(g) == np.sign(gain) != 0 for g in gains)
 
 
 def comparisons(groups: dict) -> pd.DataFrame:
@@ -529,7 +529,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
                              "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
                              "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
                              "baseline_seeds": len(base), "seed_gains": seed_gains(per_seed)})
-                rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], rows[-1]["seed_gains"])
+                rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], [g for _, g in per_seed])
                 rows[-1]["p_seeds"] = seed_t_p([g for _, g in per_seed])
     df = pd.DataFrame(rows)
     if len(df):

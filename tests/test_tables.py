@@ -153,17 +153,18 @@ def test_seed_gains_are_each_seed_alone(runs):
         assert float(got[str(s)]) == pytest.approx(want, abs=6e-5)  # printed to 4 decimals
 
 
-@pytest.mark.parametrize("gain, text, want", [
-    (0.02, "0:+0.0182 1:+0.0306 2:+0.0220", True),
-    (0.10, "0:-0.1100 1:+0.1200 2:+0.3100", False),   # Sports SASRec Q0: pooled +10%, one seed negative
-    (-0.05, "0:-0.0400 1:-0.0600", True),
-    (0.02, "0:+0.0300 1:nan", False),                  # a seed whose baseline has no hit has no sign
-    (0.02, "0:+0.0300 1:+0.0000", False),              # zero is no gain
-    (0.02, "0:+0.0182", None),                         # one seed: no seed-level check
-    (None, "0:+0.0100 1:+0.0200", None),
+@pytest.mark.parametrize("gain, gains, want", [
+    (0.02, [0.0182, 0.0306, 0.0220], True),
+    (0.10, [-0.11, 0.12, 0.31], False),   # Sports SASRec Q0: pooled +10%, one seed negative
+    (-0.05, [-0.04, -0.06], True),
+    (0.02, [0.03, None], False),          # a seed whose baseline has no hit has no sign
+    (0.02, [0.03, 0.0], False),           # zero is no gain
+    (0.02, [0.03, 3e-5], True),           # positive though its text rounds to +0.0000
+    (0.02, [0.0182], None),               # one seed: no seed-level check
+    (None, [0.01, 0.02], None),
 ])
-def test_same_sign_is_every_seed_agreeing_with_the_pooled_gain(gain, text, want):
-    assert _make_tables().same_sign(gain, text) is want
+def test_same_sign_is_every_seed_agreeing_with_the_pooled_gain(gain, gains, want):
+    assert _make_tables().same_sign(gain, gains) is want
 
 
 def test_comparisons_mark_seed_agreement(runs):
