@@ -1,0 +1,100 @@
+"""Validation against test, run by run: what a protocol that selects the epoch on the item it reports would give.
+
+    python scripts/valid_vs_test.py results/paper_main/runs/ml-1m/hstu/standard \
+        results/paper_main/runs/ml-1m/sasrec/standard --out results/hstu_protocol/valid_vs_test.md
+
+Our protocol (``README.md``, Evaluation protocol) selects the epoch on validation (each user's
+second-to-last item) and scores test (the last item) once. Some references have no validation split:
+HSTU's (``meta-recsys/generative-recommenders``) trains on every item but the last and evaluates on the
+last after every epoch. The nearest figure in our runs, with no retraining, is the best per-epoch
+validation figure: an item no epoch trained on, scored with the history before it, the epoch picked on
+that same item. It is a proxy, not the reference's protocol: one item earlier in each sequence, with one
+item less of training data per user.
+
+Per run (one row; ``history.csv`` and ``metrics.json`` of each run folder found below the arguments):
+epochs run; the selected epoch (``metrics.json`` ``best_epoch``, selected on the run's
+``trainer.select_metric``) with the validation value of ``--metric`` there; the best per-epoch
+validation value of ``--metric`` and its epoch; and the test value at the selected epoch. Then one mean
+row per (dataset, model, layer, tag). Writes a markdown table (``--out``) or prints it.
+
+Raises SystemExit (one line) when no run folder with both files is found, or when ``--metric`` is not a
+validation column of a ``history.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def run_row(run_dir: Path, metric: str) -> dict:
+    """One run's row: ``{dataset, model, layer, tag, seed, epochs_run, selected_epoch, valid_at_selected,
+    best_valid, best_valid_epoch, test}`` (floats are the run's own values, unrounded).
+
+    Raises:
+        SystemExit: ``history.csv`` has no ``valid_<metric>`` column.
+    """
+    m = json.loads((run_dir / "metrics.json").read_text())
+    hist = pd.read_csv(run_dir / "history.csv")
+    col = f"valid_{metric}"
+    if col not in hist.columns:
+        have = ", ".join(c[len("valid_"):] for c in hist.columns if c.startswith("valid_"))
+        raise SystemExit(f"valid_vs_test: {run_dir / 'history.csv'} has no {col}; pick --metric from: {have}")
+    hist = hist.dropna(subset=[col])
+    sel = hist[hist["epoch"] == m["best_epoch"]]
+    best = hist.loc[hist[col].idxmax()]
+    return {"dataset": m["dataset"], "model": m["model"], "layer": m["layer"], "tag": m.get("tag") or "",
+            "seed": m["seed"], "epochs_run": int(hist["epoch"].max()), "selected_epoch": int(m["best_epoch"]),
+            "valid_at_selected": float(sel[col].iloc[0]) if len(sel) else float("nan"),
+            "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]),
+            "test": float(m["test"]["overall"][metric])}
+
+
+def table(roots: list[Path], metric: str) -> pd.DataFrame:
+    """Every run below ``roots`` (``run_row``), sorted, plus a ``mean`` row per (dataset, model, layer, tag).
+
+    Raises:
+        SystemExit: no folder below ``roots`` holds both ``metrics.json`` and ``history.csv``.
+    """
+    dirs = sorted({p.parent for r in roots for p in r.rglob("metrics.json") if (p.parent / "history.csv").exists()
+                   and not p.parent.name.startswith("eval_")})
+    if not dirs:
+        raise SystemExit(f"valid_vs_test: no run folder (metrics.json + history.csv) below {' '.join(map(str, roots))}")
+    df = pd.DataFrame([run_row(d, metric) for d in dirs]).sort_values(["dataset", "model", "layer", "tag", "seed"])
+    keys = ["dataset", "model", "layer", "tag"]
+    means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index()
+    means["seed"] = "mean"
+    out = pd.concat([g for _, k in means.groupby(keys, sort=False)
+                     for g in (df.merge(k[keys], on=keys), k)], ignore_index=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
+    ap.add_argument("--metric", default="HR@10", help="a validation column of history.csv (default HR@10)")
+    ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
+    args = ap.parse_args(argv)
+    df = table(args.roots, args.metric)
+    for c in ("valid_at_selected", "best_valid", "test"):
+        df[c] = df[c].map(lambda v: f"{v:.4f}")
+    mean = df["seed"] == "mean"
+    for c in ("epochs_run", "selected_epoch", "best_valid_epoch"):  # the mean row gives epochs to 0.1
+        df[c] = [f"{v:.1f}" if is_mean else f"{v:.0f}" for v, is_mean in zip(df[c], mean)]
+    df = df.rename(columns={"valid_at_selected": f"valid {args.metric} at selected",
+                            "best_valid": f"best valid {args.metric}", "test": f"test {args.metric}"})
+    cmd = "python scripts/valid_vs_test.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
