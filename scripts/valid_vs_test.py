@@ -1,7 +1,7 @@
 """Validation against test, run by run: what a protocol that selects the epoch on the item it reports would give.
 
     python scripts/valid_vs_test.py results/paper_main/runs/ml-1m/hstu/standard \
-        results/paper_main/runs/ml-1m/sasrec/standard --out results/hstu_protocol/valid_vs_test.md
+        results/paper_main/runs/ml-1m/sasrec/standard --out results/protocol/ml-1m_valid_vs_test.md
 
 Our protocol (``README.md``, Evaluation protocol) selects the epoch on validation (each user's
 second-to-last item) and scores test (the last item) once. Some references have no validation split:
@@ -17,59 +17,68 @@ epochs run; the selected epoch (``metrics.json`` ``best_epoch``, selected on the
 validation value of ``--metric`` and its epoch; and the test value at the selected epoch. Then one mean
 row per (dataset, model, layer, tag). Writes a markdown table (``--out``) or prints it.
 
-Raises SystemExit (one line) when no run folder with both files is found, or when ``--metric`` is not a
-validation column of a ``history.csv``.
+Raises SystemExit (one line) when a folder holds no run folder with both files, or when ``--metric`` is not
+a validation column of a ``history.csv`` or a test metric of a ``metrics.json``. Runs are found by
+``make_tables.load_runs``, as the tables find them.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_tables import load_runs  # noqa: E402  (a sibling script: the tables' own run discovery)
 
-def run_row(run_dir: Path, metric: str) -> dict:
-    """One run's row: ``{dataset, model, layer, tag, seed, epochs_run, selected_epoch, valid_at_selected,
-    best_valid, best_valid_epoch, test}`` (floats are the run's own values, unrounded).
+
+def run_row(run: dict, metric: str) -> dict:
+    """One run's row (``run``: a ``make_tables.load_runs`` entry, its metrics.json plus ``_dir``):
+    ``{dataset, model, layer, tag, seed, epochs_run, selected_epoch, valid_at_selected, best_valid,
+    best_valid_epoch, test}`` (floats are the run's own values, unrounded).
 
     Raises:
-        SystemExit: ``history.csv`` has no ``valid_<metric>`` column.
+        SystemExit: ``history.csv`` has no ``valid_<metric>`` column, or metrics.json no test ``<metric>``.
     """
-    m = json.loads((run_dir / "metrics.json").read_text())
-    hist = pd.read_csv(run_dir / "history.csv")
+    hist = pd.read_csv(run["_dir"] / "history.csv")
     col = f"valid_{metric}"
     if col not in hist.columns:
         have = ", ".join(c[len("valid_"):] for c in hist.columns if c.startswith("valid_"))
-        raise SystemExit(f"valid_vs_test: {run_dir / 'history.csv'} has no {col}; pick --metric from: {have}")
+        raise SystemExit(f"valid_vs_test: {run['_dir'] / 'history.csv'} has no {col}; pick --metric from: {have}")
+    test = run.get("test", {}).get("overall", {})
+    if metric not in test:
+        raise SystemExit(f"valid_vs_test: {run['_dir'] / 'metrics.json'} has no test {metric}; pick --metric from: "
+                         f"{', '.join(test)}")
     hist = hist.dropna(subset=[col])
-    sel = hist[hist["epoch"] == m["best_epoch"]]
+    sel = hist[hist["epoch"] == run["best_epoch"]]
     best = hist.loc[hist[col].idxmax()]
-    return {"dataset": m["dataset"], "model": m["model"], "layer": m["layer"], "tag": m.get("tag") or "",
-            "seed": m["seed"], "epochs_run": int(hist["epoch"].max()), "selected_epoch": int(m["best_epoch"]),
+    return {"dataset": run["dataset"], "model": run["model"], "layer": run["layer"], "tag": run["tag"],
+            "seed": run["seed"], "epochs_run": int(hist["epoch"].max()), "selected_epoch": int(run["best_epoch"]),
             "valid_at_selected": float(sel[col].iloc[0]) if len(sel) else float("nan"),
-            "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]),
-            "test": float(m["test"]["overall"][metric])}
+            "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]), "test": float(test[metric])}
 
 
 def table(roots: list[Path], metric: str) -> pd.DataFrame:
-    """Every run below ``roots`` (``run_row``), sorted, plus a ``mean`` row per (dataset, model, layer, tag).
+    """Every run below ``roots`` (``run_row``), sorted, plus a ``mean`` row after each (dataset, model, layer, tag).
 
     Raises:
-        SystemExit: no folder below ``roots`` holds both ``metrics.json`` and ``history.csv``.
+        SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``.
     """
-    dirs = sorted({p.parent for r in roots for p in r.rglob("metrics.json") if (p.parent / "history.csv").exists()
-                   and not p.parent.name.startswith("eval_")})
-    if not dirs:
-        raise SystemExit(f"valid_vs_test: no run folder (metrics.json + history.csv) below {' '.join(map(str, roots))}")
-    df = pd.DataFrame([run_row(d, metric) for d in dirs]).sort_values(["dataset", "model", "layer", "tag", "seed"])
+    runs = []
+    for root in roots:
+        try:
+            found = [r for r in load_runs(root) if (r["_dir"] / "history.csv").exists()]
+        except SystemExit:  # load_runs: no metrics.json below root
+            found = []
+        if not found:
+            raise SystemExit(f"valid_vs_test: no run folder (metrics.json + history.csv) below {root}")
+        runs += [r for r in found if r["_dir"] not in {q["_dir"] for q in runs}]  # a root given twice counts once
     keys = ["dataset", "model", "layer", "tag"]
-    means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index()
-    means["seed"] = "mean"
-    out = pd.concat([g for _, k in means.groupby(keys, sort=False)
-                     for g in (df.merge(k[keys], on=keys), k)], ignore_index=True)
-    return out
+    df = pd.DataFrame([run_row(r, metric) for r in runs]).sort_values([*keys, "seed"])
+    means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index().assign(seed="mean")
+    order = pd.concat([df.assign(_mean=0), means.assign(_mean=1)], ignore_index=True)
+    return order.sort_values([*keys, "_mean"], kind="stable").drop(columns="_mean").reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> int:

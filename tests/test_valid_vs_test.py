@@ -30,6 +30,7 @@ def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
     assert r0["valid_at_selected"] == pytest.approx(0.3) and r0["best_valid"] == pytest.approx(0.35)
     mean = df.iloc[2]
     assert mean["best_valid"] == pytest.approx((0.35 + 0.4) / 2) and mean["test"] == pytest.approx(0.27)
+    assert len(vt.table([tmp_path, tmp_path / "ml-1m"], "HR@10")) == 3  # the same runs twice count once
     out = tmp_path / "t.md"
     assert vt.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
@@ -40,6 +41,13 @@ def test_bad_metric_and_no_runs_fail_in_one_line(tmp_path):
     vt = load_script("valid_vs_test")
     with pytest.raises(SystemExit, match="no run folder"):
         vt.table([tmp_path], "HR@10")
-    _run(tmp_path, 0, [0.1, 0.2], best_epoch=2, test_hr=0.2)
+    d = _run(tmp_path, 0, [0.1, 0.2], best_epoch=2, test_hr=0.2)
     with pytest.raises(SystemExit, match="has no valid_MRR; pick --metric from: HR@10, NDCG@10"):
         vt.table([tmp_path], "MRR")
+    m = json.loads((d / "metrics.json").read_text())
+    del m["test"]["overall"]["NDCG@10"]
+    (d / "metrics.json").write_text(json.dumps(m))
+    with pytest.raises(SystemExit, match="metrics.json has no test NDCG@10; pick --metric from: HR@10"):
+        vt.table([tmp_path], "NDCG@10")
+    with pytest.raises(SystemExit, match="no run folder .* below .*typo"):  # a wrong second root is not ignored
+        vt.table([tmp_path, tmp_path / "typo"], "HR@10")
