@@ -5,7 +5,8 @@ recent one (``trainer.train_windows=last``), or every window of ``sliding``, so 
 target is predicted (``bftrec.data.batches.train_window_bounds``); the backbone's ``training_loss``
 decides which positions it predicts. After every ``eval_every`` epochs
 the whole validation split is ranked (full ranking) and the selection metric decides the best
-checkpoint; training stops after ``patience`` evaluations without improvement. Under torch.distributed
+checkpoint; training stops after ``patience`` evaluations without improvement, never before
+``min_epochs`` (0 = off; ``min_epochs = epochs`` trains a fixed budget). Under torch.distributed
 (torchrun) each process takes a disjoint slice of every epoch's windows and gradients are averaged by
 DDP; only rank 0 writes files.
 """
@@ -59,6 +60,9 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
     for key in ("weight_decay", "grad_clip", "max_steps_per_epoch", "num_threads"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"trainer.{key}={getattr(cfg, key)} must be >= 0 (0 = off/default)")
+    if not 0 <= cfg.min_epochs <= cfg.epochs:
+        raise ConfigError(f"trainer.min_epochs={cfg.min_epochs} must be in [0, trainer.epochs={cfg.epochs}]; "
+                          f"0 turns it off, trainer.epochs trains a fixed budget")
     if not cfg.lr > 0:
         raise ConfigError(f"trainer.lr={cfg.lr} must be > 0")
     if not (cfg.divergence_factor == 0 or cfg.divergence_factor > 1):
@@ -287,7 +291,10 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     steps = cfg.max_steps_per_epoch or None
     first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
     params = [p for p in model.parameters() if p.requires_grad]
-    stopped = state["bad"] >= cfg.patience  # a resumed run that had already stopped early stays stopped
+    def early_stop(epoch: int) -> bool:  # patience ran out, and min_epochs are done
+        return state["bad"] >= cfg.patience and epoch >= cfg.min_epochs
+
+    stopped = early_stop(state["epoch"])  # a resumed run that had already stopped early stays stopped
     last_epoch = state["epoch"] if stopped else cfg.epochs
     for epoch in range(state["epoch"] + 1, last_epoch + 1):
         t0 = time.time()
@@ -360,7 +367,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             with atomic(out_dir / "last.pt") as tmp:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
                             "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
-        if state["bad"] >= cfg.patience:
+        if early_stop(epoch):
             log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
                      cfg.select_metric, cfg.patience)
             stopped = True

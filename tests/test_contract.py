@@ -441,7 +441,7 @@ def test_toy_composes_through_hydra(toy_cls) -> None:
 # backbone-specific checks (BERT4Rec cloze, HSTU options)
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("key,value", [("mask_prob", 0.0), ("mask_prob", 1.0), ("last_item_mask_share", 1.5),
-                                       ("max_len", 1), ("head", "mlp")])
+                                       ("max_len", 1), ("head", "mlp"), ("positions", "left")])
 def test_bert4rec_config_errors(key: str, value) -> None:
     with pytest.raises(ConfigError, match=key) as e:
         Factory(MODELS.get("bert4rec"), "standard")(**{key: value})
@@ -600,6 +600,36 @@ def test_sasrec_conventions_build_what_they_say() -> None:
         torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
     scaled = Factory(MODELS.get("sasrec"), "standard")()
     assert torch.allclose(scaled.item_embedding(seq), scaled.item_emb(seq) * math.sqrt(scaled.cfg.d_model))
+
+
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+def test_bert4rec_from_start_keeps_the_contract(layer: str) -> None:
+    factory = Factory(MODELS.get("bert4rec"), layer, positions="from_start")
+    for check in (check_shapes, check_no_nan_on_padding, check_left_padding_invariance, check_trim_invariance,
+                  check_gradients, check_scoring_shortcut):
+        check(factory)
+
+
+def test_bert4rec_positions_build_what_they_say() -> None:
+    """from_end: the last column is max_len - 1; from_start: each row's first token (item or [MASK]) is 0,
+    whatever the left padding, as both references (Sun et al.'s and Klenitskiy & Vasilev's code)."""
+    seq = torch.tensor([[0, 0, 3, 4, 9], [1, 2, 3, 4, 9]])  # (2, 5), left-padded; 9 stands for any token
+    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
+                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+        m = Factory(MODELS.get("bert4rec"), "standard", positions=positions, max_len=5)().eval()
+        with torch.no_grad():
+            ref = m.emb_ln(m.item_emb(seq) + m.pos_emb(torch.tensor(want))) * seq.ne(0).unsqueeze(-1)
+            torch.testing.assert_close(m.embed(seq), ref, atol=ATOL, rtol=ATOL)
+    # the [MASK] of a short history is scored at position len(history) under from_start, not max_len - 1
+    end = Factory(MODELS.get("bert4rec"), "standard", max_len=5)().eval()
+    start = Factory(MODELS.get("bert4rec"), "standard", max_len=5, positions="from_start")().eval()
+    start.load_state_dict(end.state_dict())  # same weights: only the position rule differs
+    with torch.no_grad():
+        short = {"item_seq": torch.tensor([[0, 0, 3, 4]])}
+        full = {"item_seq": torch.tensor([[1, 2, 3, 4]])}
+        assert not torch.allclose(start.score_items(short)[:, 1:], end.score_items(short)[:, 1:])
+        # a full window numbers the same under both rules (scoring keeps max_len - 1 = 4 items + [MASK])
+        torch.testing.assert_close(start.score_items(full)[:, 1:], end.score_items(full)[:, 1:], atol=ATOL, rtol=ATOL)
 
 
 def test_sasrec_original_block_keeps_the_contract() -> None:

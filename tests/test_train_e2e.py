@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
@@ -79,10 +80,24 @@ def test_rescore_writes_new_folder_and_keeps_the_run(tmp_path):
     ("eval.cold_user_max_history=-1", "cold_user_max_history"),
     ("trainer.betas=[0.9,1.5]", r"trainer.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
     ("trainer.betas=[0.9]", r"trainer.betas=\[0.9\] must be two numbers"),
+    ("trainer.min_epochs=2", r"trainer.min_epochs=2 must be in \[0, trainer.epochs=1\]"),
+    ("trainer.min_epochs=-1", r"trainer.min_epochs=-1 must be in"),
 ])
 def test_bad_settings_fail_with_one_line(tmp_path, override, message):
     with pytest.raises((ConfigError, ValueError, Exception), match=message):
         run(smoke_cfg(tmp_path, override), tmp_path / "run")
+
+
+@pytest.mark.parametrize("min_epochs, stop_epoch", [(0, 2), (4, 4)])
+def test_min_epochs_holds_early_stopping_back(tmp_path, min_epochs, stop_epoch):
+    """lr 1e-12 never improves validation after epoch 1: patience 1 stops at epoch 2, or not before
+    ``trainer.min_epochs``; the best epoch stays 1 either way."""
+    cfg = smoke_cfg(tmp_path, "trainer.epochs=6", "trainer.patience=1", "trainer.lr=1e-12",
+                    f"trainer.min_epochs={min_epochs}")
+    m = run(cfg, tmp_path / "run")
+    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    assert history["epoch"].tolist() == list(range(1, stop_epoch + 1))
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["best_epoch"] == 1 == m["best_epoch"]
 
 
 def test_yaml_typo_is_caught(tmp_path):

@@ -50,9 +50,11 @@ Deviations from the paper / reference implementation (github.com/FeiSun/BERT4Rec
 - Loss is configurable: ``ce`` (full softmax, as the paper), ``sampled_softmax`` or ``bce``.
 - The ``mlm`` head keeps the reference code's LayerNorm after ``GELU(W h + b)`` (the paper's Eq. 7
   omits it; the code inherits it from BERT's masked-LM head).
-- Positions are counted from the right end (the last column is position ``max_len - 1``), so extra
-  left padding never changes a score; the [MASK] at scoring takes the last training position. Both
-  references count from the left.
+- Positions are counted from the right end by default (``model.positions=from_end``: the last column
+  is position ``max_len - 1``), so the [MASK] at scoring takes the last training position. Both
+  references count from the left: ``model.positions=from_start`` numbers each row's first item 0
+  (padding side does not matter then: padding is masked out of the bidirectional attention). Either
+  way extra left padding never changes a score.
 - Timestamps are ignored (``encode`` accepts them for the contract). No token-type embedding (BERT's
   is one constant learned vector here).
 - Initialisation N(0, init_std) (as HF ``BertModel``, Klenitskiy & Vasilev) instead of the TF
@@ -71,7 +73,7 @@ from torch import nn
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
-from bftrec.models.sasrec import PointWiseFFN, SelfAttention  # shared: the attention is mask-driven
+from bftrec.models.sasrec import POSITIONS, PointWiseFFN, SelfAttention  # shared: the attention is mask-driven
 
 HEADS = ("mlm", "tied")
 
@@ -94,6 +96,7 @@ class BERT4RecConfig:
     mask_prob: float = 0.2              # cloze: probability of masking each item, in (0, 1)
     last_item_mask_share: float = 0.1   # share of training sequences that mask only the last item
     head: str = "mlm"                   # mlm: GELU(W h + b) -> LN, tied + bias (reference) | tied: tied only
+    positions: str = "from_end"         # from_end: last column = max_len - 1 | from_start: first item = 0 (references)
 
 
 class BERT4RecBlock(nn.Module):
@@ -126,7 +129,8 @@ class BERT4Rec(SeqRecModel):
 
     Raises:
         ConfigError: ``mask_prob`` outside (0, 1), ``last_item_mask_share`` outside [0, 1],
-            ``max_len < 2``, ``head`` not one of ``mlm``, ``tied``, or a shared check
+            ``max_len < 2``, ``head`` not one of ``mlm``, ``tied``, ``positions`` not one of
+            ``from_end``, ``from_start``, or a shared check
             (``check_common``) fails.
     """
 
@@ -143,6 +147,7 @@ class BERT4Rec(SeqRecModel):
         if cfg.max_len < 2:
             raise ConfigError(f"model.max_len={cfg.max_len} must be >= 2 for bert4rec (history + [MASK])")
         check_choice(cfg.head, HEADS, "model.head")
+        check_choice(cfg.positions, POSITIONS, "model.positions")
         self.cfg, self.n_items = cfg, info.n_items
         self.mask_id = info.n_items + 1
         D = cfg.d_model
@@ -181,10 +186,15 @@ class BERT4Rec(SeqRecModel):
         return float(x.var(dim=0).mean())
 
     def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
-        """item_seq (B, L) int64 -> (B, L, D) float, 0 on padding; the last column is position max_len - 1."""
+        """item_seq (B, L) int64, left-padded -> (B, L, D) float, 0 on padding. ``positions=from_end``:
+        the last column is position max_len - 1; ``from_start``: each row's first token (item or [MASK])
+        is position 0."""
         L = item_seq.shape[1]
-        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
-        h = self.emb_ln(self.item_emb(item_seq) + self.pos_emb(pos)[None])  # (B, L, D)
+        if self.cfg.positions == "from_end":
+            pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)[None]  # (1, L)
+        else:
+            pos = (item_seq.ne(0).cumsum(1) - 1).clamp(min=0)  # (B, L)
+        h = self.emb_ln(self.item_emb(item_seq) + self.pos_emb(pos))  # (B, L, D)
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
