@@ -14,7 +14,9 @@ item less of training data per user.
 Per run (one row; ``history.csv`` and ``metrics.json`` of each run folder found below the arguments):
 epochs run; the selected epoch (``metrics.json`` ``best_epoch``, selected on the run's
 ``trainer.select_metric``) with the validation value of ``--metric`` there; the best per-epoch
-validation value of ``--metric`` and its epoch; and the test value at the selected epoch. Then one mean
+validation value of ``--metric`` and its epoch; the validation value after the last epoch run (what a
+reference that trains a fixed number of epochs and reports the last one, as HSTU's, would give under this
+proxy); and the test value at the selected epoch. Then one mean
 row per (dataset, model, layer, tag). Writes a markdown table (``--out``) or prints it.
 
 Raises SystemExit (one line) when a folder holds no run folder with both files, or when ``--metric`` is not
@@ -36,7 +38,8 @@ from make_tables import load_runs  # noqa: E402  (a sibling script: the tables' 
 def run_row(run: dict, metric: str) -> dict:
     """One run's row (``run``: a ``make_tables.load_runs`` entry, its metrics.json plus ``_dir``):
     ``{dataset, model, layer, tag, seed, epochs_run, selected_epoch, valid_at_selected, best_valid,
-    best_valid_epoch, test}`` (floats are the run's own values, unrounded).
+    best_valid_epoch, last_valid, test}`` (floats are the run's own values, unrounded; ``last_valid``: the
+    last validated epoch's value).
 
     Raises:
         SystemExit: ``history.csv`` has no ``valid_<metric>`` column, or metrics.json no test ``<metric>``.
@@ -56,7 +59,8 @@ def run_row(run: dict, metric: str) -> dict:
     return {"dataset": run["dataset"], "model": run["model"], "layer": run["layer"], "tag": run["tag"],
             "seed": run["seed"], "epochs_run": int(hist["epoch"].max()), "selected_epoch": int(run["best_epoch"]),
             "valid_at_selected": float(sel[col].iloc[0]) if len(sel) else float("nan"),
-            "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]), "test": float(test[metric])}
+            "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]),
+            "last_valid": float(hist[col].iloc[-1]), "test": float(test[metric])}
 
 
 def table(roots: list[Path], metric: str) -> pd.DataFrame:
@@ -88,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
     args = ap.parse_args(argv)
     df = table(args.roots, args.metric)
-    for c in ("valid_at_selected", "best_valid", "test"):
+    for c in ("valid_at_selected", "best_valid", "last_valid", "test"):
         df[c] = df[c].map(lambda v: f"{v:.4f}")
     mean = df["seed"] == "mean"
     for c in ("epochs_run", "selected_epoch", "best_valid_epoch"):  # the mean row gives epochs to 0.1
         df[c] = [f"{v:.1f}" if is_mean else f"{v:.0f}" for v, is_mean in zip(df[c], mean)]
     df = df.rename(columns={"valid_at_selected": f"valid {args.metric} at selected",
-                            "best_valid": f"best valid {args.metric}", "test": f"test {args.metric}"})
+                            "best_valid": f"best valid {args.metric}", "last_valid": f"valid {args.metric} at last epoch",
+                            "test": f"test {args.metric}"})
     cmd = "python scripts/valid_vs_test.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
     if args.out:

@@ -28,13 +28,16 @@ def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
     r0 = df.iloc[0]
     assert (r0["epochs_run"], r0["selected_epoch"], r0["best_valid_epoch"]) == (4, 2, 4)
     assert r0["valid_at_selected"] == pytest.approx(0.3) and r0["best_valid"] == pytest.approx(0.35)
+    assert r0["last_valid"] == pytest.approx(0.35) and df.iloc[1]["last_valid"] == pytest.approx(0.1)  # last epoch's
     mean = df.iloc[2]
     assert mean["best_valid"] == pytest.approx((0.35 + 0.4) / 2) and mean["test"] == pytest.approx(0.27)
+    assert mean["last_valid"] == pytest.approx((0.35 + 0.1) / 2)
     assert len(vt.table([tmp_path, tmp_path / "ml-1m"], "HR@10")) == 3  # the same runs twice count once
     out = tmp_path / "t.md"
     assert vt.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "Made by `python scripts/valid_vs_test.py" in text and "| mean " in text and "0.3750" in text
+    assert "valid HR@10 at last epoch" in text and "0.2250" in text
 
 
 def test_bad_metric_and_no_runs_fail_in_one_line(tmp_path):
