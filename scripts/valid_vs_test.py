@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in ("epochs_run", "selected_epoch", "best_valid_epoch"):  # the mean row gives epochs to 0.1
         df[c] = [f"{v:.1f}" if is_mean else f"{v:.0f}" for v, is_mean in zip(df[c], mean)]
     df = df.rename(columns={"valid_at_selected": f"valid {args.metric} at selected",
-                            "best_valid": f"best valid {args.metric}", "last_valid": f"valid {args.metric} at last epoch",
-                            "test": f"test {args.metric}"})
+                            "best_valid": f"best valid {args.metric}",
+                            "last_valid": f"valid {args.metric} at last epoch", "test": f"test {args.metric}"})
     cmd = "python scripts/valid_vs_test.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
     if args.out:
