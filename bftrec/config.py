@@ -35,7 +35,7 @@ class TrainerConfig:
     weight_decay: float = 0.0         # decoupled for adamw, L2 for adam
     betas: list = field(default_factory=lambda: [0.9, 0.999])  # Adam/AdamW (β1, β2); torch's default
     grad_clip: float = 0.0            # max global grad norm; 0 = off
-    patience: int = 10                # early stopping: epochs without a better valid NDCG@10
+    patience: int = 10                # early stopping: evaluations without a better valid NDCG@10
     min_epochs: int = 0               # no early stop before this many epochs; 0 = off, = epochs: a fixed budget
     eval_every: int = 1               # validate every this many epochs
     select_metric: str = "NDCG@10"    # model selection metric on the validation split

@@ -291,10 +291,15 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     steps = cfg.max_steps_per_epoch or None
     first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
     params = [p for p in model.parameters() if p.requires_grad]
-    def early_stop(epoch: int) -> bool:  # patience ran out, and min_epochs are done
-        return state["bad"] >= cfg.patience and epoch >= cfg.min_epochs
+    def early_stop(epoch: int) -> bool:
+        """After an evaluation before the last epoch: patience ran out, and min_epochs are done (a run that
+        reaches trainer.epochs did not stop early; a held-back run stops only on an evaluated epoch)."""
+        return (epoch % cfg.eval_every == 0 and epoch < cfg.epochs and state["bad"] >= cfg.patience
+                and epoch >= cfg.min_epochs)
 
-    stopped = early_stop(state["epoch"])  # a resumed run that had already stopped early stays stopped
+    # a resumed run that had stopped early stays stopped, unless the settings now hold it back (as they would
+    # have held an unbroken run)
+    stopped = early_stop(state["epoch"])
     last_epoch = state["epoch"] if stopped else cfg.epochs
     for epoch in range(state["epoch"] + 1, last_epoch + 1):
         t0 = time.time()
@@ -369,7 +374,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                             "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
         if early_stop(epoch):
             log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
-                     cfg.select_metric, cfg.patience)
+                     cfg.select_metric, state["bad"])
             stopped = True
             break
     if state["best_epoch"] < 0:

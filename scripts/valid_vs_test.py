@@ -14,9 +14,9 @@ item less of training data per user.
 Per run (one row; ``history.csv`` and ``metrics.json`` of each run folder found below the arguments):
 epochs run; the selected epoch (``metrics.json`` ``best_epoch``, selected on the run's
 ``trainer.select_metric``) with the validation value of ``--metric`` there; the best per-epoch
-validation value of ``--metric`` and its epoch; the validation value after the last epoch run (what a
-reference that trains a fixed number of epochs and reports the last one, as HSTU's, would give under this
-proxy); and the test value at the selected epoch. Then one mean
+validation value of ``--metric`` and its epoch; the value of the last validated epoch (what a reference
+that trains a fixed number of epochs and reports the last one, as HSTU's, would give under this proxy); and
+the test value at the selected epoch. Then one mean
 row per (dataset, model, layer, tag). Writes a markdown table (``--out``) or prints it.
 
 Raises SystemExit (one line) when a folder holds no run folder with both files, or when ``--metric`` is not
@@ -53,11 +53,12 @@ def run_row(run: dict, metric: str) -> dict:
     if metric not in test:
         raise SystemExit(f"valid_vs_test: {run['_dir'] / 'metrics.json'} has no test {metric}; pick --metric from: "
                          f"{', '.join(test)}")
+    epochs_run = int(hist["epoch"].max())  # before dropping the epochs that were not validated (eval_every > 1)
     hist = hist.dropna(subset=[col])
     sel = hist[hist["epoch"] == run["best_epoch"]]
     best = hist.loc[hist[col].idxmax()]
     return {"dataset": run["dataset"], "model": run["model"], "layer": run["layer"], "tag": run["tag"],
-            "seed": run["seed"], "epochs_run": int(hist["epoch"].max()), "selected_epoch": int(run["best_epoch"]),
+            "seed": run["seed"], "epochs_run": epochs_run, "selected_epoch": int(run["best_epoch"]),
             "valid_at_selected": float(sel[col].iloc[0]) if len(sel) else float("nan"),
             "best_valid": float(best[col]), "best_valid_epoch": int(best["epoch"]),
             "last_valid": float(hist[col].iloc[-1]), "test": float(test[metric])}
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         df[c] = [f"{v:.1f}" if is_mean else f"{v:.0f}" for v, is_mean in zip(df[c], mean)]
     df = df.rename(columns={"valid_at_selected": f"valid {args.metric} at selected",
                             "best_valid": f"best valid {args.metric}",
-                            "last_valid": f"valid {args.metric} at last epoch", "test": f"test {args.metric}"})
+                            "last_valid": f"valid {args.metric} at last validated epoch",
+                            "test": f"test {args.metric}"})
     cmd = "python scripts/valid_vs_test.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
     if args.out:

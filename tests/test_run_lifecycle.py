@@ -61,6 +61,20 @@ def test_resume_reads_dataset_model_layer_and_seed_from_the_run(tmp_path):
     assert m["data"]["users"] == 200  # the smoke dataset of the run, not the default synthetic one
 
 
+def test_resume_applies_min_epochs_as_an_unbroken_run_would(tmp_path):
+    """A 3-epoch fixed budget (min_epochs = epochs, patience 1, validation never improving after epoch 1),
+    resumed to 6 epochs: min_epochs 5 trains epochs 4 and 5, then stops; min_epochs 0 stops at once."""
+    run(smoke_cfg(tmp_path, "trainer.epochs=3", "trainer.min_epochs=3", "trainer.patience=1", "trainer.lr=1e-12"),
+        tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["stopped_early"] is False
+    held = run(cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer.epochs=6", "trainer.min_epochs=5"),
+               tmp_path / "b")
+    assert (held["epochs_run"], held["stopped_early"], held["best_epoch"]) == (5, True, 1)
+    at_once = run(cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer.epochs=6", "trainer.min_epochs=0"),
+                  tmp_path / "c")
+    assert (at_once["epochs_run"], at_once["stopped_early"]) == (3, True)
+
+
 def test_resume_refuses_an_override_that_changes_the_run(tmp_path):
     run(smoke_cfg(tmp_path, "model.d_model=32"), tmp_path / "a")
     cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "model.d_model=16")

@@ -88,16 +88,23 @@ def test_bad_settings_fail_with_one_line(tmp_path, override, message):
         run(smoke_cfg(tmp_path, override), tmp_path / "run")
 
 
-@pytest.mark.parametrize("min_epochs, stop_epoch", [(0, 2), (4, 4)])
-def test_min_epochs_holds_early_stopping_back(tmp_path, min_epochs, stop_epoch):
-    """lr 1e-12 never improves validation after epoch 1: patience 1 stops at epoch 2, or not before
-    ``trainer.min_epochs``; the best epoch stays 1 either way."""
-    cfg = smoke_cfg(tmp_path, "trainer.epochs=6", "trainer.patience=1", "trainer.lr=1e-12",
-                    f"trainer.min_epochs={min_epochs}")
+@pytest.mark.parametrize("epochs, eval_every, min_epochs, last_epoch, stopped", [
+    (6, 1, 0, 2, True),    # patience 1 stops right after the first evaluation without a better score
+    (6, 1, 4, 4, True),    # held back until min_epochs
+    (6, 1, 6, 6, False),   # min_epochs = epochs: a fixed budget, which is no early stop
+    (8, 2, 5, 6, True),    # held back past epoch 4; epoch 5 is not evaluated, so the stop waits for 6
+])
+def test_min_epochs_holds_early_stopping_back(tmp_path, epochs, eval_every, min_epochs, last_epoch, stopped):
+    """lr 1e-12 never improves validation after the first evaluation: patience 1 stops at the next
+    evaluation, not before ``trainer.min_epochs``, only on an evaluated epoch, and never on the last one."""
+    cfg = smoke_cfg(tmp_path, f"trainer.epochs={epochs}", f"trainer.eval_every={eval_every}", "trainer.patience=1",
+                    "trainer.lr=1e-12", f"trainer.min_epochs={min_epochs}")
     m = run(cfg, tmp_path / "run")
     history = pd.read_csv(tmp_path / "run" / "history.csv")
-    assert history["epoch"].tolist() == list(range(1, stop_epoch + 1))
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["best_epoch"] == 1 == m["best_epoch"]
+    assert history["epoch"].tolist() == list(range(1, last_epoch + 1))
+    assert history["valid_NDCG@10"].notna().tolist()[-1]  # the last epoch run was evaluated
+    out = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert out["best_epoch"] == eval_every == m["best_epoch"] and out["stopped_early"] is stopped
 
 
 def test_yaml_typo_is_caught(tmp_path):

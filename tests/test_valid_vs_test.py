@@ -37,7 +37,11 @@ def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
     assert vt.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "Made by `python scripts/valid_vs_test.py" in text and "| mean " in text and "0.3750" in text
-    assert "valid HR@10 at last epoch" in text and "0.2250" in text
+    assert "valid HR@10 at last validated epoch" in text and "0.2250" in text
+    # eval_every 2: epoch 5 trained, not validated; epochs run counts it, the last validated value is epoch 4's
+    _run(tmp_path / "e2", 2, [float("nan"), 0.2, float("nan"), 0.3, float("nan")], best_epoch=4, test_hr=0.3)
+    r = vt.table([tmp_path / "e2"], "HR@10").iloc[0]
+    assert (r["epochs_run"], r["best_valid_epoch"], r["last_valid"]) == (5, 4, pytest.approx(0.3))
 
 
 def test_bad_metric_and_no_runs_fail_in_one_line(tmp_path):
