@@ -377,6 +377,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                      cfg.select_metric, state["bad"])
             stopped = True
             break
+    if is_main() and state["history"] and not (out_dir / "history.csv").exists():  # resumed with nothing to train
+        with atomic(out_dir / "history.csv") as tmp:
+            pd.DataFrame(state["history"]).to_csv(tmp, index=False)
     if state["best_epoch"] < 0:
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,

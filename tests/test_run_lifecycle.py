@@ -3,6 +3,7 @@ import json
 import logging
 import shutil
 
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -73,6 +74,8 @@ def test_resume_applies_min_epochs_as_an_unbroken_run_would(tmp_path):
     at_once = run(cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer.epochs=6", "trainer.min_epochs=0"),
                   tmp_path / "c")
     assert (at_once["epochs_run"], at_once["stopped_early"]) == (3, True)
+    assert pd.read_csv(tmp_path / "c" / "history.csv")["epoch"].tolist() == [1, 2, 3]  # its folder is complete
+    assert pd.read_csv(tmp_path / "b" / "history.csv")["epoch"].tolist() == [1, 2, 3, 4, 5]
 
 
 def test_resume_refuses_an_override_that_changes_the_run(tmp_path):
