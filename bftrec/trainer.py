@@ -297,6 +297,10 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         return (epoch % cfg.eval_every == 0 and epoch < cfg.epochs and state["bad"] >= cfg.patience
                 and epoch >= cfg.min_epochs)
 
+    def save_history() -> None:  # atomic: a job killed mid-save leaves the previous file intact
+        with atomic(out_dir / "history.csv") as tmp:
+            pd.DataFrame(state["history"]).to_csv(tmp, index=False)
+
     # a resumed run that had stopped early stays stopped, unless the settings now hold it back (as they would
     # have held an unbroken run)
     stopped = early_stop(state["epoch"])
@@ -367,8 +371,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         state["history"].append(row)
         state["epoch"] = epoch
         if is_main():  # atomic writes: a job killed mid-save leaves the previous file intact
-            with atomic(out_dir / "history.csv") as tmp:
-                pd.DataFrame(state["history"]).to_csv(tmp, index=False)
+            save_history()
             with atomic(out_dir / "last.pt") as tmp:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
                             "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
@@ -378,8 +381,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             stopped = True
             break
     if is_main() and state["history"] and not (out_dir / "history.csv").exists():  # resumed with nothing to train
-        with atomic(out_dir / "history.csv") as tmp:
-            pd.DataFrame(state["history"]).to_csv(tmp, index=False)
+        save_history()
     if state["best_epoch"] < 0:
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,

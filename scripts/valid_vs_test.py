@@ -78,7 +78,8 @@ def table(roots: list[Path], metric: str) -> pd.DataFrame:
             found = []
         if not found:
             raise SystemExit(f"valid_vs_test: no run folder (metrics.json + history.csv) below {root}")
-        runs += [r for r in found if r["_dir"] not in {q["_dir"] for q in runs}]  # a root given twice counts once
+        seen = {q["_dir"] for q in runs}
+        runs += [r for r in found if r["_dir"] not in seen]  # a root given twice counts once
     keys = ["dataset", "model", "layer", "tag"]
     df = pd.DataFrame([run_row(r, metric) for r in runs]).sort_values([*keys, "seed"])
     means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index().assign(seed="mean")

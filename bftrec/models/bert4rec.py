@@ -73,7 +73,12 @@ from torch import nn
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
-from bftrec.models.sasrec import POSITIONS, PointWiseFFN, SelfAttention  # shared: the attention is mask-driven
+from bftrec.models.sasrec import (  # shared: the attention is mask-driven
+    POSITIONS,
+    PointWiseFFN,
+    SelfAttention,
+    position_ids,
+)
 
 HEADS = ("mlm", "tied")
 
@@ -189,11 +194,7 @@ class BERT4Rec(SeqRecModel):
         """item_seq (B, L) int64, left-padded -> (B, L, D) float, 0 on padding. ``positions=from_end``:
         the last column is position max_len - 1; ``from_start``: each row's first token (item or [MASK])
         is position 0."""
-        L = item_seq.shape[1]
-        if self.cfg.positions == "from_end":
-            pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)[None]  # (1, L)
-        else:
-            pos = (item_seq.ne(0).cumsum(1) - 1).clamp(min=0)  # (B, L)
+        pos = position_ids(item_seq, self.cfg.max_len, self.cfg.positions)  # (1 or B, L)
         h = self.emb_ln(self.item_emb(item_seq) + self.pos_emb(pos))  # (B, L, D)
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 

@@ -78,6 +78,16 @@ POSITIONS = ("from_end", "from_start")
 INITS = ("normal", "xavier_normal")
 
 
+def position_ids(item_seq: torch.Tensor, max_len: int, positions: str) -> torch.Tensor:
+    """Learned-position ids of a left-padded ``item_seq`` (B, L) int64, L <= max_len: ``from_end`` -> (1, L)
+    int64, the last column max_len - 1; ``from_start`` -> (B, L) int64, each row's first non-padding token 0
+    (padding gets 0 too; callers zero it). Shared by SASRec and BERT4Rec (``model.positions``)."""
+    L = item_seq.shape[1]
+    if positions == "from_end":
+        return torch.arange(max_len - L, max_len, device=item_seq.device)[None]  # (1, L)
+    return (item_seq.ne(0).cumsum(1) - 1).clamp(min=0)  # (B, L)
+
+
 class SelfAttention(nn.Module):
     """Multi-head scaled dot-product attention with an explicit boolean mask (True = may attend).
 
@@ -267,11 +277,7 @@ class SASRec(SeqRecModel):
         """item_seq (B, L) int64, left-padded -> (B, L, D). ``positions=from_end``: the last column is
         position max_len - 1; ``from_start``: each row's first item is position 0; ``table``: as in
         ``item_embedding``."""
-        L = item_seq.shape[1]
-        if self.cfg.positions == "from_end":
-            pos = self.pos_emb(torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device))[None]
-        else:
-            pos = self.pos_emb((item_seq.ne(0).cumsum(1) - 1).clamp(min=0))  # (B, L, D)
+        pos = self.pos_emb(position_ids(item_seq, self.cfg.max_len, self.cfg.positions))  # (1 or B, L, D)
         h = self.item_embedding(item_seq, table) + pos
         if self.cfg.block == "post_ln":
             h = self.emb_ln(h)
