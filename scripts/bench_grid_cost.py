@@ -13,7 +13,8 @@
 2. **Epochs expected.** Nothing is known about a pair before it runs, so the projection uses a stated
    proxy: the mean best epoch (the mean, since a total is projected) of the same backbone and layer
    over the finished CPU grid (``--reference``, default ``results/paper_cpu/runs``), plus the pair's
-   patience, capped at its epoch cap. The worst case (every cell runs to its cap) is reported beside it.
+   patience, raised to the pair's ``trainer.min_epochs`` (no early stop before it) and capped at its
+   epoch cap. The worst case (every cell runs to its cap) is reported beside it.
 3. **Slices.** Cells are ordered breadth first (seed 0 of every cell; then seeds 1 and 2 of
    ``--first`` datasets; then the rest), grouped by (dataset, seed) and packed into slices of at most
    ``--slice-hours`` of wall time at ``--n-jobs`` runs side by side. Each slice is one command line of
@@ -45,12 +46,14 @@ TRAINER_DEFAULTS = REPO / "configs" / "trainer" / "default.yaml"
 
 
 def tuned_budget(dataset: str, model: str) -> dict:
-    """Epoch cap and patience of a pair: configs/tuned/<dataset>_<model>.yaml over the trainer defaults."""
+    """Epoch cap, patience and ``min_epochs`` (no early stop before it; 0 = off) of a pair:
+    configs/tuned/<dataset>_<model>.yaml over the trainer defaults."""
     base = yaml.safe_load(TRAINER_DEFAULTS.read_text()) or {}
     tuned = yaml.safe_load((REPO / "configs" / "tuned" / f"{dataset}_{model}.yaml").read_text()) or {}
     t = {**base, **(tuned.get("trainer") or {})}
     m = tuned.get("model") or {}
-    return {"epochs_cap": int(t["epochs"]), "patience": int(t["patience"]), "max_len": m.get("max_len"),
+    return {"epochs_cap": int(t["epochs"]), "patience": int(t["patience"]),
+            "min_epochs": int(t.get("min_epochs") or 0), "max_len": m.get("max_len"),
             "loss": m.get("loss")}
 
 
@@ -129,7 +132,7 @@ def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
                              f"(s/epoch {r['s_per_epoch']}); rerun with --epochs >= 1")
         b = tuned_budget(r["dataset"], r["model"])
         proxy = _proxy(best, r["model"], r["layer"])
-        expected = min(b["epochs_cap"], int(round(proxy)) + b["patience"])
+        expected = min(b["epochs_cap"], max(b["min_epochs"], int(round(proxy)) + b["patience"]))
         for s in seeds:
             rows.append({**r, "seed": s, **b, "proxy_best_epoch": proxy, "epochs_expected": expected,
                          "expected_s": round(expected * r["s_per_epoch"] + r["overhead_s"], 1),
@@ -258,8 +261,9 @@ def main(argv: list[str] | None = None) -> None:
         "timing_wall_s": [x.attrs["wall_s"] for x in timed],
         "cpu_overrides": ["trainer.device=cpu", f"trainer.num_threads={args.threads}",
                           f"hydra.launcher.n_jobs={args.n_jobs}"],
-        "epochs_expected_rule": "min(epoch cap, mean best epoch of the same backbone and layer over "
-                                f"{args.reference} + the pair's patience): a proxy, not a measurement",
+        "epochs_expected_rule": "min(epoch cap, max(min_epochs, mean best epoch of the same backbone and "
+                                f"layer over {args.reference} + the pair's patience)): a proxy, not a "
+                                "measurement",
         "proxy_best_epoch": {f"{m}/{lay}": v for (m, lay), v in best.items()},
         "totals": {"cells": int(len(cells)),
                    "expected_core_h": round(cells["expected_s"].sum() * args.threads / 3600, 1),

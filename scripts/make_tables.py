@@ -737,13 +737,17 @@ STATS = (f"- gain: relative difference of the seed means, (mean layer − mean s
 
 
 def budgets(runs: list[dict]) -> list[str]:
-    """Training budget per (dataset, backbone) as the runs' configs give it: L, epoch cap, patience,
-    loss; ``d/m: L 50, ≤ 200 epochs, patience 10, ce`` (several values where the runs differ)."""
+    """Training budget per (dataset, backbone) as the runs' configs give it: L, epoch cap, the floor
+    before early stopping where ``trainer.min_epochs`` > 0, patience, loss; ``d/m: L 50, ≤ 200 epochs,
+    patience 10, ce`` or ``d/m: L 200, ≤ 101 epochs, ≥ 101 before stopping, patience 10, sampled_softmax``
+    (several values where the runs differ)."""
     per: dict = {}
     for r in runs:
         c = run_config(r)
+        floor = c.get("trainer.min_epochs") or 0
         item = (f"L {c.get('model.max_len', '?')}, ≤ {c.get('trainer.epochs', '?')} epochs, "
-                f"patience {c.get('trainer.patience', '?')}, {c.get('model.loss', '?')}")
+                + (f"≥ {floor} before stopping, " if floor else "")
+                + f"patience {c.get('trainer.patience', '?')}, {c.get('model.loss', '?')}")
         per.setdefault(f"{r['dataset']}/{r['model']}", set()).add(item)
     return [f"{k}: {' | '.join(sorted(v))}" for k, v in sorted(per.items())]
 

@@ -28,6 +28,25 @@ def test_projection_uses_proxy_plus_patience_capped():
     assert (bert["epochs_expected"] == cap).all() and (bert["cap_s"] == cap * 60.0 + 10.0).all()
 
 
+def test_projection_respects_min_epochs(monkeypatch):
+    """A pair with trainer.min_epochs cannot stop before it: the proxy is raised to it, still capped."""
+    cost = _cost()
+    budget = {"epochs_cap": 101, "patience": 10, "min_epochs": 90, "max_len": 200, "loss": "ce"}
+    monkeypatch.setattr(cost, "tuned_budget", lambda d, m: dict(budget))
+    timed = _timed([("ml-1m", "hstu", "standard", 30.0)])
+    cells = cost.project(timed, [0], {("hstu", "standard"): 40.0})
+    assert cells["epochs_expected"].tolist() == [90]  # not 40 + 10
+    budget["min_epochs"] = 500  # above the cap: the cap wins
+    assert cost.project(timed, [0], {("hstu", "standard"): 40.0})["epochs_expected"].tolist() == [101]
+    budget["min_epochs"] = 0  # off: proxy + patience
+    assert cost.project(timed, [0], {("hstu", "standard"): 40.0})["epochs_expected"].tolist() == [50]
+
+
+def test_tuned_budget_reads_min_epochs_default_off():
+    b = _cost().tuned_budget("sports", "sasrec")
+    assert b["min_epochs"] == 0 and b["epochs_cap"] >= b["patience"] > 0
+
+
 def test_slices_breadth_first_within_limit_and_long_cells_alone():
     cost = _cost()
     rows = []

@@ -76,6 +76,18 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     assert set(comp["stratum"]) >= {"overall", "Q0", "cold", "warm"} and comp["ci_lo"].notna().any()
 
 
+def test_budget_line_states_min_epochs(runs, tmp_path):
+    """A run with trainer.min_epochs > 0 says so in the budget line; the others' line is unchanged."""
+    mt = _make_tables()
+    src = _copy(runs, tmp_path)
+    for d in src.glob("*/seed*"):
+        _edit_config(d, lambda c: c["trainer"].update(min_epochs=1))
+    line = mt.budgets(mt.load_runs(src))[0]
+    assert "≤ 1 epochs, ≥ 1 before stopping, patience" in line, line
+    plain = mt.budgets(mt.load_runs(runs / "runs"))[0]
+    assert "before stopping" not in plain and "≤ 1 epochs, patience" in plain, plain
+
+
 def test_seed_mean_matches_metrics_json(runs):
     mt = _make_tables()
     groups = mt.cells(mt.load_runs(runs / "runs"))
