@@ -47,7 +47,9 @@ class TrainerConfig:
     resume: Optional[str] = None      # run directory to resume from (reads its last.pt)
     max_steps_per_epoch: int = 0      # cap on steps per epoch (0 = full epoch); for smoke runs
     length_bucketing: bool = True     # batches of similar length ("sortish"), left padding trimmed
-    train_windows: str = "last"       # last: each user's last max_len + 1 training items | sliding: all of them
+    # last: each user's last max_len + 1 training items | sliding: all of them | prefixes: one window per
+    # target, the loss at its last column only (RecBole's augmentation; next-item backbones)
+    train_windows: str = "last"
     train_window_stride: Optional[int] = None  # sliding: window ends S items apart (1..max_len); null = max_len
     divergence_factor: float = 100.0  # stop when a step's loss exceeds this x the first epoch's mean; 0 = off
 

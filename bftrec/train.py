@@ -50,6 +50,7 @@ from bftrec.models import MODELS, DataInfo
 from bftrec.summary import summary_markdown
 from bftrec.trainer import (
     check_trainer_config,
+    check_windows_model,
     fit,
     is_main,
     load_checkpoint,
@@ -188,6 +189,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
         g = typed_groups(cfg)
         root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
         check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
+        check_windows_model(tc.train_windows, MODELS.get(mc.name))
         check_model_config(mc, lc)
         check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
     except BaseException as e:

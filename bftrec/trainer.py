@@ -3,9 +3,10 @@
 One training example is a window of ``max_len + 1`` training items (``s[:-2]``): each user's most
 recent one (``trainer.train_windows=last``), or every window of ``sliding``, so that every training
 target is predicted (``bftrec.data.batches.train_window_bounds``); the backbone's ``training_loss``
-decides which positions it predicts. After every ``eval_every`` epochs
-the whole validation split is ranked (full ranking) and the selection metric decides the best
-checkpoint; training stops after ``patience`` evaluations without improvement, never before
+decides which positions it predicts. ``prefixes`` makes one window per target and scores its last
+column only (``batch["last_target_only"]``; next-item backbones), as RecBole trains sequential models.
+After every ``eval_every`` epochs the whole validation split is ranked (full ranking) and the selection
+metric decides the best checkpoint; training stops after ``patience`` evaluations without improvement, never before
 ``min_epochs`` (0 = off; ``min_epochs = epochs`` trains a fixed budget). Under torch.distributed
 (torchrun) each process takes a disjoint slice of every epoch's windows and gradients are averaged by
 DDP; only rank 0 writes files.
@@ -78,6 +79,16 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"trainer.device={cfg.device!r} is not valid; use auto, cpu, cuda or cuda:N")
     check_train_windows(cfg.train_windows, cfg.train_window_stride, max_len)
+
+
+def check_windows_model(mode: str, model) -> None:
+    """One-line ConfigError when ``trainer.train_windows=prefixes`` meets a backbone (class or instance)
+    whose ``training_loss`` cannot score a window's last column alone (``prefix_training``: BERT4Rec's
+    cloze has no next-item target)."""
+    if mode == "prefixes" and not getattr(model, "prefix_training", False):
+        name = model.__name__ if isinstance(model, type) else type(model).__name__
+        raise ConfigError(f"trainer.train_windows=prefixes needs a next-item backbone (sasrec, hstu), not {name}; "
+                          "use trainer.train_windows=last or sliding")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -156,10 +167,13 @@ def training_tensors(data, max_len: int, device: torch.device, mode: str = "last
 def train_windows_block(cfg: TrainerConfig, max_len: int) -> dict:
     """How training windows were cut, for metrics.json (``train_window_bounds`` states the coverage)."""
     sliding = cfg.train_windows == "sliding"
+    targets = {"sliding": "every training target at least once per epoch",
+               "prefixes": "every training target once per epoch, each the last column of its own window "
+                           "(the loss there only)",
+               "last": "the most recent max_len training targets of each user"}
     return {"mode": cfg.train_windows, "window_items": max_len + 1,
             "stride": (cfg.train_window_stride or max_len) if sliding else None,
-            "targets": "every training target at least once per epoch" if sliding
-            else "the most recent max_len training targets of each user"}
+            "targets": targets[cfg.train_windows]}
 
 
 def first_batch(seqs: torch.Tensor, times: Optional[torch.Tensor], batch_size: int) -> dict:
@@ -247,6 +261,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             ``checkpoint.pt`` then keep the last good epoch.
     """
     check_trainer_config(cfg, eval_cfg, max_len)
+    check_windows_model(cfg.train_windows, model)
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
     seqs, times = training_tensors(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
@@ -320,6 +335,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                 batch = {"seq": seq, "time": tim}
             else:
                 batch = {"seq": trim_left(seqs[idx])}
+            if cfg.train_windows == "prefixes":
+                batch["last_target_only"] = True
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = runner(batch)
             value = loss.item()

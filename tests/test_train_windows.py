@@ -150,3 +150,72 @@ def run_cfg(tmp_path, over):
     from bftrec.train import run
 
     return run(smoke_cfg(tmp_path, *over), tmp_path / "run")
+
+
+# --- prefixes: one window per target, the loss at its last column (RecBole's augmentation) ---------------
+
+@pytest.mark.parametrize("max_len", [1, 4, 30])
+def test_prefixes_make_one_window_per_target_ending_at_it(max_len):
+    d = _data()
+    seqs, _ = training_tensors(d, max_len, torch.device("cpu"), "prefixes")
+    seqs = seqs.numpy()
+    scored = seqs[seqs[:, -2] != 0, -1]  # each window's last column, where an input precedes it
+    want = [d.items[d.offsets[u] + i] for u in range(len(LENGTHS)) for i in range(1, LENGTHS[u] - 2)]
+    assert sorted(scored.tolist()) == sorted(want)  # every training target t_1 .. t_{n-1} exactly once
+    assert sorted(map(list, seqs)) == sorted(_loop_windows(d, max_len, 1))  # = sliding at stride 1
+    assert (seqs[:, -2] == 0).sum() == 1  # only the user with one training item: a window without a target
+    first, _ = training_tensors(d, max_len, torch.device("cpu"), "last")
+    assert np.array_equal(seqs[:len(LENGTHS)], first.numpy())  # calibration batch unchanged
+
+
+def _logits_ce(model, inputs, target):
+    """Reference: full-softmax CE of ``target`` from the last hidden state of ``inputs`` (eval mode)."""
+    h = model.encode(inputs)[:, -1]  # (B, D)
+    logits = h @ model.item_table()[1:].T if hasattr(model, "item_table") else h @ model.item_emb.weight[1:].T
+    if getattr(model.cfg, "temperature", 1.0) != 1.0:
+        logits = logits / model.cfg.temperature
+    return torch.nn.functional.cross_entropy(logits, target - 1)
+
+
+@pytest.mark.parametrize("name", ["sasrec", "hstu"])
+def test_last_target_only_scores_the_last_column_alone(name):
+    from bftrec.layers import StandardLayerConfig
+    from bftrec.models import MODELS, DataInfo
+
+    torch.manual_seed(0)
+    cls = MODELS.get(name)
+    info = DataInfo(n_items=30, train_counts=np.ones(31, dtype=np.int64))
+    kw = {"time_bias": False} if name == "hstu" else {}
+    model = cls(cls.Config(d_model=16, n_layers=1, n_heads=2, max_len=6, loss="ce", dropout=0.0, attn_dropout=0.0,
+                           **kw), StandardLayerConfig(), info).eval()
+    seq = torch.tensor([[0, 0, 3, 4, 5, 6, 7], [0, 0, 0, 0, 0, 9, 2], [1, 2, 3, 4, 5, 6, 8]])  # (B, L + 1)
+    with torch.no_grad():
+        only = model.training_loss({"seq": seq, "last_target_only": True})
+        every = model.training_loss({"seq": seq})
+        ref = _logits_ce(model, seq[:, :-1], seq[:, -1])
+    assert torch.allclose(only, ref, rtol=1e-5, atol=1e-6), (only, ref)
+    assert not torch.allclose(only, every, rtol=1e-3)  # the flag changes which positions count
+
+
+def test_prefixes_refused_for_bert4rec_before_data_is_loaded(tmp_path, monkeypatch):
+    import bftrec.train
+
+    monkeypatch.setattr(bftrec.train, "load_dataset", lambda *a, **k: pytest.fail("data was loaded"))
+    with pytest.raises(ConfigError, match="prefixes needs a next-item backbone") as e:
+        bftrec.train.run(smoke_cfg(tmp_path, "model=bert4rec", "trainer.train_windows=prefixes"), tmp_path / "run")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_prefixes_refuse_a_stride():
+    with pytest.raises(ConfigError, match="train_window_stride=2 has no effect with trainer.train_windows=prefixes"):
+        check_trainer_config(TrainerConfig(train_windows="prefixes", train_window_stride=2), EvalConfig(), 12)
+
+
+@pytest.mark.parametrize("model, layer", [("sasrec", "standard"), ("hstu", "bft")])
+def test_backbones_train_on_prefixes(tmp_path, model, layer):
+    over = [f"model={model}", f"layer={layer}", "trainer.train_windows=prefixes",
+            "trainer.max_steps_per_epoch=3", "eval.mechanism=false", "dataset.synthetic.n_users=120"]
+    m = run_cfg(tmp_path, over)
+    assert m["train_windows"]["mode"] == "prefixes" and m["train_windows"]["stride"] is None
+    assert "last column of its own window" in m["train_windows"]["targets"]
+    assert np.isfinite(m["test"]["overall"]["NDCG@10"])

@@ -78,7 +78,7 @@ def train_windows(items: np.ndarray, offsets: np.ndarray, length: int) -> np.nda
     return windows(items, offsets[:-1], offsets[1:] - 2, length)
 
 
-TRAIN_WINDOW_MODES = ("last", "sliding")
+TRAIN_WINDOW_MODES = ("last", "sliding", "prefixes")
 
 
 def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
@@ -100,6 +100,10 @@ def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
       ``t_0`` is never a next-item target (it has no history), as in ``last``; a validation or test
       item is never in a window. BERT4Rec's cloze uses a window's last ``max_len`` columns, which
       tile ``t_1 .. t_{n-1}`` exactly when ``S = max_len``.
+    - ``prefixes`` (RecBole's sequential data augmentation): one window per target, ending at every
+      ``e = n, n - 1, ..., 2``: window ``e`` holds ``t_{e-1}`` as its last column and up to ``max_len``
+      items before it. The trainer then scores the last column only (``batch["last_target_only"]``), so
+      each ``t_i`` (``i >= 1``) is one sample, with its own dropout draw, once per epoch.
 
     Rows are ordered window-age first: rows ``0 .. U-1`` are the ``last`` windows of users
     ``0 .. U-1`` (so the first training batch, used for BFT calibration, is the same in both modes),
@@ -109,7 +113,7 @@ def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
         offsets: (U + 1,) int64 sequence offsets (CSR); every user has >= 3 interactions.
         length: window length ``max_len + 1``.
         mode: one of ``TRAIN_WINDOW_MODES``.
-        stride: ``S`` for ``sliding``; None = ``length - 1``; checked, but unused, for ``last``.
+        stride: ``S`` for ``sliding``; None = ``length - 1``; refused for ``last`` and ``prefixes``.
     Returns:
         users, start, end: (W,) int64 each; ``windows(items, start, end, length)`` gives the windows.
     Raises:
@@ -120,7 +124,7 @@ def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
     users = np.arange(len(start), dtype=np.int64)
     if mode == "last":
         return users, start, end
-    step = length - 1 if stride is None else stride
+    step = 1 if mode == "prefixes" else length - 1 if stride is None else stride
     count = 1 + np.maximum(end - start - 2, 0) // step  # (U,) windows per user: ends e >= 2 (or one)
     age = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)  # (W,) 0 = most recent
     order = np.argsort(age, kind="stable")  # age first, users ascending inside one age
@@ -132,8 +136,8 @@ def check_train_windows(mode: str, stride: int | None, max_len: int | None) -> N
     """One-line ConfigError for an unknown window ``mode``, a stride outside 1..max_len (None: >= 1), or a
     stride given with ``mode=last``, where it would be silently ignored."""
     check_choice(mode, TRAIN_WINDOW_MODES, "trainer.train_windows")
-    if stride is not None and mode == "last":
-        raise ConfigError(f"trainer.train_window_stride={stride} has no effect with trainer.train_windows=last; "
+    if stride is not None and mode != "sliding":
+        raise ConfigError(f"trainer.train_window_stride={stride} has no effect with trainer.train_windows={mode}; "
                           "set trainer.train_windows=sliding, or drop the stride")
     if stride is not None and not 1 <= stride <= (max_len if max_len is not None else stride):
         raise ConfigError(f"trainer.train_window_stride={stride} must be in 1..model.max_len={max_len} "

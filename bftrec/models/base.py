@@ -48,10 +48,13 @@ class SeqRecModel(nn.Module):
     """Base class: config validation hooks and the shared loss heads.
 
     Subclasses set ``Config`` (a dataclass), ``causal`` and implement the three contract methods.
+    ``prefix_training``: ``training_loss`` honours ``batch["last_target_only"]`` (next-item backbones;
+    ``trainer.train_windows=prefixes`` needs it).
     """
 
     Config: type = object
     causal: bool = True
+    prefix_training: bool = False
 
     def _init(self, m: nn.Module) -> None:
         """N(0, cfg.init_std) for Linear and Embedding weights, zero biases and padding rows."""
@@ -282,6 +285,17 @@ def plain_ce(h: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, bias: 
     if scale != 1.0:
         logits = logits * scale
     return F.cross_entropy(logits if logits.dtype in (torch.float32, torch.float64) else logits.float(), targets)
+
+
+def next_item_targets(seq: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets of a next-item window: seq (B, L + 1) int64 -> inputs ``seq[:, :-1]`` (B, L) and
+    targets ``seq[:, 1:]`` (B, L), 0 (no target) where the input is padding; with ``last_only`` the last
+    column's target only (``trainer.train_windows=prefixes``: one sample per target, RecBole's augmentation)."""
+    inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
+    targets = targets * inputs.ne(0)  # no target where the input is padding
+    if last_only:
+        targets = torch.cat([torch.zeros_like(targets[:, :-1]), targets[:, -1:]], dim=1)  # (B, L)
+    return inputs, targets
 
 
 def next_item_loss(h: torch.Tensor, targets: torch.Tensor, item_emb: torch.Tensor, loss: str,

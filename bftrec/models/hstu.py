@@ -81,7 +81,15 @@ from torch import nn
 
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack
-from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+from bftrec.models.base import (
+    MODELS,
+    DataInfo,
+    SeqRecModel,
+    check_common,
+    full_scores,
+    next_item_loss,
+    next_item_targets,
+)
 
 ATTN_NORMS = ("max_len", "valid")
 TIME_BUCKET_DIVISOR = 0.301  # reference bucketisation: floor(ln(max(|Δt|, 1)) / 0.301)
@@ -236,6 +244,7 @@ class HSTU(SeqRecModel):
 
     Config = HSTUConfig
     causal = True
+    prefix_training = True
 
     def __init__(self, cfg: HSTUConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()
@@ -319,10 +328,9 @@ class HSTU(SeqRecModel):
         return F.normalize(self.item_emb.weight, dim=-1, eps=1e-6)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]; cosine / temperature."""
-        seq = batch["seq"]  # (B, L + 1)
-        inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
-        targets = targets * inputs.ne(0)  # no target where the input is padding
+        """Next-item loss at every position (``batch["last_target_only"]``: the last one only), cosine /
+        temperature: ``batch["seq"]`` (B, L + 1) int64, inputs seq[:, :-1], targets seq[:, 1:]."""
+        inputs, targets = next_item_targets(batch["seq"], batch.get("last_target_only", False))  # (B, L) each
         time = batch.get("time")
         h = self.encode(inputs, time[:, :-1] if time is not None else None)  # (B, L, D)
         return next_item_loss(h, targets, self.item_table(), self.cfg.loss, self.cfg.n_negatives,

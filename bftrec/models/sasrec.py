@@ -47,7 +47,15 @@ from torch import nn
 
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack, masked_softmax
-from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
+from bftrec.models.base import (
+    MODELS,
+    DataInfo,
+    SeqRecModel,
+    check_common,
+    full_scores,
+    next_item_loss,
+    next_item_targets,
+)
 
 
 @dataclass
@@ -205,6 +213,7 @@ class OriginalSASRecBlock(nn.Module):
 class SASRec(SeqRecModel):
     Config = SASRecConfig
     causal = True
+    prefix_training = True
 
     def __init__(self, cfg: SASRecConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()
@@ -297,10 +306,9 @@ class SASRec(SeqRecModel):
         return h if self.cfg.block == "post_ln" else self.final_ln(h)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        """Next-item loss at every position: inputs seq[:, :-1], targets seq[:, 1:]."""
-        seq = batch["seq"]  # (B, L + 1)
-        inputs, targets = seq[:, :-1], seq[:, 1:]  # (B, L) each
-        targets = targets * inputs.ne(0)  # no target where the input is padding
+        """Next-item loss at every position (``batch["last_target_only"]``: the last one only):
+        ``batch["seq"]`` (B, L + 1) int64, inputs seq[:, :-1], targets seq[:, 1:]."""
+        inputs, targets = next_item_targets(batch["seq"], batch.get("last_target_only", False))  # (B, L) each
         table = self.item_table()  # (N + 1, D): one draw for the input lookup and the output scores
         h = self.encode(inputs, table=table)
         return next_item_loss(h, targets, table, self.cfg.loss, self.cfg.n_negatives,
