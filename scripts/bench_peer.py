@@ -508,6 +508,29 @@ def summarize_runs(runs: list[dict]) -> dict:
     return {"bftrec_over_recbole": ratio, "speed_targets_met": speed, "quality": quality}
 
 
+def progress(workdir: Path, datasets: list[str], seeds: list[int]) -> dict:
+    """No training: what a ``--workdir`` run has done so far, read from each ``<dataset>-seed<seed>/state.pt``:
+    its settings, the last finished epoch, each framework's per-epoch rows (loss, seconds, validation under
+    both conventions) and its best validation NDCG@10 so far per convention. Test is never scored here.
+    Raises SystemExit (one line) when no state exists for a requested run."""
+    runs = {}
+    for name in datasets:
+        for seed in seeds:
+            path = workdir / f"{name}-seed{seed}" / "state.pt"
+            if not path.exists():
+                raise SystemExit(f"bench_peer: error: no {path}; --progress reads a --workdir run, start it first")
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            fw = {}
+            for k, rows in state["rows"].items():
+                best = {c: {"valid_NDCG@10": v, "epoch": e} for c, (v, e, _) in state["best"][k].items()}
+                fw[k] = {"epochs_done": len(rows), "best_so_far": best,
+                         "epochs": [{"epoch": r["epoch"], "loss": r["loss"], "train_s": r["train_s"],
+                                     "eval_s": r["eval_s"], "valid": r["valid"]} for r in rows]}
+            runs[f"{name}-seed{seed}"] = {"settings": state["settings"], "last_epoch": state["epoch"],
+                                          "frameworks": fw}
+    return runs
+
+
 def write_json(result: dict, out: Path) -> None:
     """Write ``result`` to ``out``; called after each dataset, so a partial result survives."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -538,7 +561,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=None,
                     help="keep each run's state here after every epoch; rerunning the same command resumes "
                          "(default: a temporary folder, no resume)")
+    ap.add_argument("--progress", action="store_true",
+                    help="no training: write what the --workdir runs have done so far (per-epoch validation, "
+                         "best so far; no test) to --out, marked unfinished; RecBole not needed")
     args = ap.parse_args(argv)
+    if args.progress:
+        if args.workdir is None or args.out is None:
+            ap.error("--progress reads --workdir and writes --out; give both")
+        seeds = [int(s) for s in args.seeds.split(",")]
+        write_json({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(),
+                                                      *(argv if argv is not None else sys.argv[1:])]),
+                    "date": datetime.now().isoformat(timespec="seconds"), "finished": False,
+                    "note": "a run in progress: validation so far, no test; the same command without "
+                            "--progress resumes it and writes the final JSON",
+                    "runs": progress(args.workdir, args.datasets, seeds)}, args.out)
+        return
     if args.eval_speed < 0:
         ap.error(f"--eval-speed {args.eval_speed} must be >= 0 (0 = train and compare)")
     if args.epochs < 1 or args.patience < 1:

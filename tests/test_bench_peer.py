@@ -1,5 +1,6 @@
 """scripts/bench_peer.py without RecBole: the export to RecBole atomic files, the id layout of the score
 adapter, and the one-line error when RecBole is missing."""
+import json
 import sys
 from pathlib import Path
 
@@ -223,3 +224,29 @@ def test_epochs_and_patience_below_one_are_refused(tmp_path, capsys, flags):
     with pytest.raises(SystemExit) as e:
         load_script("bench_peer").main([*flags, "--out", str(tmp_path / "x.json")])
     assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+def test_progress_reports_a_stopped_run_without_recbole(tmp_path, monkeypatch, data):
+    """--progress reads a --workdir run's state after its last finished epoch: the rows and best-so-far
+    it holds, no test, marked unfinished; a missing state is refused in one line."""
+    bench = load_script("bench_peer")
+    monkeypatch.setattr(bench, "load_dataset", lambda cfg: data)
+    monkeypatch.setattr(bench, "Peer", _stand_in_peer(bench, fail_at=3))
+    hp = {**bench.hyperparameters("synthetic", []), "max_len": L, "batch_size": 32}
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_pair(None, "synthetic", 0, 4, 10, hp, "window", 64, workdir=tmp_path / "w")
+    monkeypatch.setattr(bench, "import_recbole", lambda: pytest.fail("--progress must not need RecBole"))
+    out = tmp_path / "progress.json"
+    bench.main(["--datasets", "synthetic", "--workdir", str(tmp_path / "w"), "--progress", "--out", str(out)])
+    got = json.loads(out.read_text())
+    run = got["runs"]["synthetic-seed0"]
+    assert got["finished"] is False and run["last_epoch"] == 2 and run["settings"]["epochs"] == 4
+    for k in ("bftrec", "recbole"):
+        fw = run["frameworks"][k]
+        assert [r["epoch"] for r in fw["epochs"]] == [1, 2] and "test" not in json.dumps(fw)
+        for c in bench.CONVENTIONS:
+            best = max(fw["epochs"], key=lambda r: r["valid"][c]["NDCG@10"])
+            assert fw["best_so_far"][c] == {"valid_NDCG@10": best["valid"][c]["NDCG@10"], "epoch": best["epoch"]}
+    with pytest.raises(SystemExit, match="no .*synthetic-seed1.*state.pt; --progress reads a --workdir run"):
+        bench.main(["--datasets", "synthetic", "--seeds", "1", "--workdir", str(tmp_path / "w"), "--progress",
+                    "--out", str(out)])
