@@ -62,8 +62,8 @@ def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, thread
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "bftrec.train", f"--config-dir={REPO / 'configs'}", "-m",
                f"experiment=paper/{grid}", *overrides, f"trainer.epochs={epochs}",
-               f"trainer.patience={epochs}", "trainer.device=cpu", f"trainer.num_threads={threads}",
-               f"hydra.launcher.n_jobs={n_jobs}", f"out_root={tmp}"]
+               f"trainer.patience={epochs}", "trainer.min_epochs=0", "trainer.device=cpu",
+               f"trainer.num_threads={threads}", f"hydra.launcher.n_jobs={n_jobs}", f"out_root={tmp}"]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         wall = time.perf_counter() - t0

@@ -519,15 +519,20 @@ def progress(workdir: Path, datasets: list[str], seeds: list[int]) -> dict:
             path = workdir / f"{name}-seed{seed}" / "state.pt"
             if not path.exists():
                 raise SystemExit(f"bench_peer: error: no {path}; --progress reads a --workdir run, start it first")
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=False)
+                rows_of, best_of, settings, last = state["rows"], state["best"], state["settings"], state["epoch"]
+            except Exception as e:  # a torn or foreign file: one line, not a traceback
+                raise SystemExit(f"bench_peer: error: {path} is not a bench_peer state ({type(e).__name__}: {e}); "
+                                 "rerun the run without --progress, or delete it") from None
             fw = {}
-            for k, rows in state["rows"].items():
-                best = {c: {"valid_NDCG@10": v, "epoch": e} for c, (v, e, _) in state["best"][k].items()}
+            for k, rows in rows_of.items():
+                best = {c: {"valid_NDCG@10": v if math.isfinite(v) else None, "epoch": e}
+                        for c, (v, e, _) in best_of[k].items()}
                 fw[k] = {"epochs_done": len(rows), "best_so_far": best,
                          "epochs": [{"epoch": r["epoch"], "loss": r["loss"], "train_s": r["train_s"],
                                      "eval_s": r["eval_s"], "valid": r["valid"]} for r in rows]}
-            runs[f"{name}-seed{seed}"] = {"settings": state["settings"], "last_epoch": state["epoch"],
-                                          "frameworks": fw}
+            runs[f"{name}-seed{seed}"] = {"settings": settings, "last_epoch": last, "frameworks": fw}
     return runs
 
 
@@ -573,7 +578,8 @@ def main(argv: list[str] | None = None) -> None:
                                                       *(argv if argv is not None else sys.argv[1:])]),
                     "date": datetime.now().isoformat(timespec="seconds"), "finished": False,
                     "note": "a run in progress: validation so far, no test; the same command without "
-                            "--progress resumes it and writes the final JSON",
+                            "--progress resumes it and writes the final JSON, from a checkout at the run's "
+                            "settings.bftrec_commit (a state written at another commit is refused)",
                     "runs": progress(args.workdir, args.datasets, seeds)}, args.out)
         return
     if args.eval_speed < 0:

@@ -42,6 +42,22 @@ def test_projection_respects_min_epochs(monkeypatch):
     assert cost.project(timed, [0], {("hstu", "standard"): 40.0})["epochs_expected"].tolist() == [50]
 
 
+def test_timed_runs_switch_min_epochs_off(monkeypatch):
+    """The 2-epoch timing must run whatever a tuned config's trainer.min_epochs says (else the config check
+    refuses min_epochs > trainer.epochs before anything is timed)."""
+    cost = _cost()
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(cost.subprocess, "run", fake_run)
+    with pytest.raises(RuntimeError, match="stop here"):
+        cost.timed_runs("main", ["dataset=sports"], 2, 1, 1)
+    assert "trainer.min_epochs=0" in seen[0] and "trainer.epochs=2" in seen[0]
+
+
 def test_tuned_budget_reads_min_epochs_default_off():
     b = _cost().tuned_budget("sports", "sasrec")
     assert b["min_epochs"] == 0 and b["epochs_cap"] >= b["patience"] > 0

@@ -250,3 +250,10 @@ def test_progress_reports_a_stopped_run_without_recbole(tmp_path, monkeypatch, d
     with pytest.raises(SystemExit, match="no .*synthetic-seed1.*state.pt; --progress reads a --workdir run"):
         bench.main(["--datasets", "synthetic", "--seeds", "1", "--workdir", str(tmp_path / "w"), "--progress",
                     "--out", str(out)])
+    torn = tmp_path / "w" / "synthetic-seed2" / "state.pt"
+    torn.parent.mkdir()
+    torn.write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match="synthetic-seed2/state.pt is not a bench_peer state") as e:
+        bench.main(["--datasets", "synthetic", "--seeds", "2", "--workdir", str(tmp_path / "w"), "--progress",
+                    "--out", str(out)])
+    assert "\n" not in str(e.value)

@@ -134,7 +134,7 @@ def train_window_bounds(offsets: np.ndarray, length: int, mode: str = "last",
 
 def check_train_windows(mode: str, stride: int | None, max_len: int | None) -> None:
     """One-line ConfigError for an unknown window ``mode``, a stride outside 1..max_len (None: >= 1), or a
-    stride given with ``mode=last``, where it would be silently ignored."""
+    stride given with a mode other than ``sliding``, where it would be silently ignored."""
     check_choice(mode, TRAIN_WINDOW_MODES, "trainer.train_windows")
     if stride is not None and mode != "sliding":
         raise ConfigError(f"trainer.train_window_stride={stride} has no effect with trainer.train_windows={mode}; "
