@@ -512,7 +512,7 @@ def progress(workdir: Path, datasets: list[str], seeds: list[int]) -> dict:
     """No training: what a ``--workdir`` run has done so far, read from each ``<dataset>-seed<seed>/state.pt``:
     its settings, the last finished epoch, each framework's per-epoch rows (loss, seconds, validation under
     both conventions) and its best validation NDCG@10 so far per convention. Test is never scored here.
-    Raises SystemExit (one line) when no state exists for a requested run."""
+    Raises SystemExit (one line) when a requested run has no state, or one that is not a bench_peer state."""
     runs = {}
     for name in datasets:
         for seed in seeds:
