@@ -59,6 +59,7 @@ from bftrec.trainer import (
     resolve_device,
     seed_everything,
     train_windows_block,
+    world_size,
 )
 
 log = logging.getLogger("bftrec")
@@ -497,7 +498,7 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
     metrics = {"dataset": ds.name, "model": mc.name, "layer": lc.name, "seed": root.seed, "tag": root.tag,
                "tuned_config": root.tuned_config,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
-               "train_windows": train_windows_block(tc, mc.max_len),
+               "train_windows": train_windows_block(tc, mc.max_len, world_size()),
                "layer_config": OmegaConf.to_container(OmegaConf.structured(lc)), "data": data.stats,
                "n_parameters": n_params,
                "best_epoch": result.best_epoch, "epochs_run": len(result.history),

@@ -101,9 +101,17 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def is_main() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
-        or torch.distributed.get_rank() == 0
+    return not _distributed() or torch.distributed.get_rank() == 0
+
+
+def world_size() -> int:
+    """torch.distributed processes (1 without torchrun)."""
+    return torch.distributed.get_world_size() if _distributed() else 1
 
 
 class _LossModule(nn.Module):
@@ -149,31 +157,82 @@ class FitResult:
     tau_start: Optional[torch.Tensor] = None  # BFT: (n_tokens,) float32 τ per token id after calibration
 
 
-def training_tensors(data, max_len: int, device: torch.device, mode: str = "last",
-                     stride: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(W, L + 1) int64 training windows (and unix-second times, or None), left-padded, non-empty.
+@dataclass
+class TrainWindows:
+    """An epoch's training windows, cut batch by batch from per-window bounds.
 
-    ``mode``/``stride``: ``trainer.train_windows``/``train_window_stride`` (``train_window_bounds``);
-    with ``last`` W is the number of users with >= 1 training item, rows in user order.
+    Holds (W,) int64 bounds instead of the (W, L + 1) table, so memory is O(W), not O(W * L): with
+    ``prefixes`` on ML-1M at L = 200 the table would be ~1.6 GB of items (and as much of times).
+
+    Attributes:
+        items: (nnz,) int64 item ids of every sequence (CSR, ids >= 1); ``timestamps`` (nnz,) unix
+            seconds or None.
+        start, end: (W,) int64: window ``w`` is the last ``length`` items of ``items[start[w]:end[w]]``
+            (``train_window_bounds``), left-padded; every window holds at least one item.
+        length: ``max_len + 1``; ``device``: where ``batch`` puts its tensors.
+    """
+    items: np.ndarray
+    timestamps: Optional[np.ndarray]
+    start: np.ndarray
+    end: np.ndarray
+    length: int
+    device: torch.device
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def lengths(self) -> torch.Tensor:
+        """(W,) int64 real items per window (its non-padding columns)."""
+        return torch.from_numpy(np.minimum(self.end - self.start, self.length))
+
+    def batch(self, idx: torch.Tensor | np.ndarray) -> dict:
+        """``{"seq": (B, L + 1) int64[, "time": (B, L + 1) int64]}`` on ``device`` for window rows ``idx`` (B,)."""
+        idx = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64)
+        start, end = self.start[idx], self.end[idx]  # (B,)
+        out = {"seq": torch.from_numpy(windows(self.items, start, end, self.length)).to(self.device)}
+        if self.timestamps is not None:
+            out["time"] = torch.from_numpy(windows(self.timestamps, start, end, self.length)).to(self.device)
+        return out
+
+
+def train_window_set(data, max_len: int, device: torch.device, mode: str = "last",
+                     stride: Optional[int] = None) -> TrainWindows:
+    """The training windows of ``trainer.train_windows=mode`` (``train_window_bounds``), without the empty ones.
+
+    With ``last`` the rows are the users with >= 1 training item, in user order.
     """
     _, start, end = train_window_bounds(data.offsets, max_len + 1, mode, stride)  # (W,) each
-    seqs = torch.from_numpy(windows(data.items, start, end, max_len + 1))  # (W, L + 1)
-    times = (torch.from_numpy(windows(data.timestamps, start, end, max_len + 1))
-             if data.timestamps is not None else None)
-    keep = seqs[:, -1].ne(0)  # windows with at least one training item
-    return seqs[keep].to(device), (times[keep].to(device) if times is not None else None)
+    keep = end > start  # windows with at least one training item
+    return TrainWindows(data.items, data.timestamps, start[keep], end[keep], max_len + 1, device)
 
 
-def train_windows_block(cfg: TrainerConfig, max_len: int) -> dict:
-    """How training windows were cut, for metrics.json (``train_window_bounds`` states the coverage)."""
+def training_tensors(data, max_len: int, device: torch.device, mode: str = "last",
+                     stride: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(W, L + 1) int64 training windows (and unix-second times, or None), left-padded, non-empty:
+    ``train_window_set`` materialised, for scripts and tests (the trainer cuts them per batch).
+    """
+    tw = train_window_set(data, max_len, device, mode, stride)
+    out = tw.batch(np.arange(len(tw)))
+    return out["seq"], out.get("time")
+
+
+def train_windows_block(cfg: TrainerConfig, max_len: int, world: int = 1) -> dict:
+    """How training windows were cut, for metrics.json (``train_window_bounds`` states the coverage).
+
+    ``world``: torch.distributed processes; with more than one, ``epoch_batches`` skips up to ``world - 1``
+    windows per epoch (a fresh random choice every epoch) so that every process takes as many steps.
+    """
     sliding = cfg.train_windows == "sliding"
     targets = {"sliding": "every training target at least once per epoch",
                "prefixes": "every training target once per epoch, each the last column of its own window "
                            "(the loss there only)",
                "last": "the most recent max_len training targets of each user"}
+    text = targets[cfg.train_windows]
+    if world > 1:
+        text += (f"; under DDP ({world} processes) up to {world - 1} windows per epoch, drawn anew each epoch, "
+                 "are skipped so that every process takes as many steps")
     return {"mode": cfg.train_windows, "window_items": max_len + 1,
-            "stride": (cfg.train_window_stride or max_len) if sliding else None,
-            "targets": targets[cfg.train_windows]}
+            "stride": (cfg.train_window_stride or max_len) if sliding else None, "targets": text}
 
 
 def first_batch(seqs: torch.Tensor, times: Optional[torch.Tensor], batch_size: int) -> dict:
@@ -264,11 +323,10 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     check_windows_model(cfg.train_windows, model)
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
-    seqs, times = training_tensors(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
-    log.info("%d training windows of %d items (trainer.train_windows=%s)", len(seqs), max_len + 1, cfg.train_windows)
-    lengths = seqs.ne(0).sum(1).cpu()  # (U,)
-    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) \
-        if torch.distributed.is_available() and torch.distributed.is_initialized() else (0, 1)
+    tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
+    log.info("%d training windows of %d items (trainer.train_windows=%s)", len(tw), max_len + 1, cfg.train_windows)
+    lengths = tw.lengths()  # (W,)
+    rank, world = (torch.distributed.get_rank() if _distributed() else 0), world_size()
     runner: nn.Module = _LossModule(model)
     if world > 1:
         # A BFT stack's last-layer process noise Q feeds no loss term (its λ'' is never used)
@@ -277,7 +335,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
 
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
              "initial_gain": None}
-    first = first_batch(seqs, times, cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
+    first = tw.batch(np.arange(min(cfg.batch_size, len(tw))))  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
         last = Path(cfg.resume) / "last.pt"
@@ -329,12 +387,12 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         bar = tqdm(batches[:steps], desc=f"epoch {epoch}", leave=False,
                    disable=None if cfg.progress and is_main() else True)
         for step, idx in enumerate(bar):
-            idx = idx.to(device)
-            if times is not None:
-                seq, tim = trim_left(seqs[idx], times[idx])  # (B, L') with L' the batch's longest
+            batch = tw.batch(idx)  # (B, L + 1)
+            if "time" in batch:
+                seq, tim = trim_left(batch["seq"], batch["time"])  # (B, L') with L' the batch's longest
                 batch = {"seq": seq, "time": tim}
             else:
-                batch = {"seq": trim_left(seqs[idx])}
+                batch = {"seq": trim_left(batch["seq"])}
             if cfg.train_windows == "prefixes":
                 batch["last_target_only"] = True
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):

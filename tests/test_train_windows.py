@@ -13,7 +13,7 @@ import torch
 
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig
 from bftrec.data.batches import train_window_bounds, train_windows, windows
-from bftrec.trainer import check_trainer_config, epoch_batches, training_tensors
+from bftrec.trainer import check_trainer_config, epoch_batches, train_window_set, train_windows_block, training_tensors
 from tests.test_train_e2e import smoke_cfg
 
 LENGTHS = [3, 4, 5, 7, 8, 9, 12, 13, 25, 31]  # interactions per user; training part = length - 2
@@ -219,3 +219,48 @@ def test_backbones_train_on_prefixes(tmp_path, model, layer):
     assert m["train_windows"]["mode"] == "prefixes" and m["train_windows"]["stride"] is None
     assert "last column of its own window" in m["train_windows"]["targets"]
     assert np.isfinite(m["test"]["overall"]["NDCG@10"])
+
+
+# --- windows cut per batch: the trainer never holds the (W, L + 1) table ----------------------------------
+
+@pytest.mark.parametrize("mode", ["last", "sliding", "prefixes"])
+@pytest.mark.parametrize("with_times", [True, False])
+def test_window_set_cuts_the_rows_of_the_table(mode, with_times):
+    d = _data()
+    if not with_times:
+        d.timestamps = None
+    L = 4
+    tw = train_window_set(d, L, torch.device("cpu"), mode)
+    seqs, times = training_tensors(d, L, torch.device("cpu"), mode)
+    assert len(tw) == len(seqs) and torch.equal(tw.lengths(), seqs.ne(0).sum(1))
+    idx = torch.randperm(len(tw), generator=torch.Generator().manual_seed(0))[:7]
+    got = tw.batch(idx)
+    assert torch.equal(got["seq"], seqs[idx]) and got["seq"].dtype == torch.int64
+    assert ("time" in got) == with_times and (not with_times or torch.equal(got["time"], times[idx]))
+    assert torch.equal(tw.batch(np.arange(3))["seq"], seqs[:3])  # numpy rows too (the calibration batch)
+
+
+def test_fit_cuts_windows_batch_by_batch(tmp_path, monkeypatch):
+    """``prefixes`` has ~5x (Amazon) to ~160x (ML-1M, L=200) the rows of ``last``: fit must never cut them all."""
+    import bftrec.trainer
+
+    cut = []
+
+    def counting(values, start, end, length):
+        cut.append(len(start))
+        return windows(values, start, end, length)
+
+    monkeypatch.setattr(bftrec.trainer, "windows", counting)
+    over = ["trainer.train_windows=prefixes", "trainer.batch_size=16", "trainer.max_steps_per_epoch=3",
+            "eval.mechanism=false", "dataset.synthetic.n_users=120"]
+    m = run_cfg(tmp_path, over)
+    assert np.isfinite(m["test"]["overall"]["NDCG@10"])
+    assert cut and max(cut) <= 16, max(cut)  # batches and the calibration batch only
+
+
+def test_metrics_say_when_ddp_skips_windows():
+    cfg = TrainerConfig(train_windows="prefixes")
+    assert train_windows_block(cfg, 50)["targets"] == train_windows_block(cfg, 50, 1)["targets"]
+    assert "once per epoch" in train_windows_block(cfg, 50)["targets"]
+    four = train_windows_block(cfg, 50, 4)["targets"]
+    assert "under DDP (4 processes) up to 3 windows per epoch" in four
