@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -36,13 +37,12 @@ from bftrec.train import (
     write_outputs,
 )
 from bftrec.trainer import (
-    first_batch,
     load_checkpoint,
     load_weights,
     mean_gain,
     resolve_device,
     seed_everything,
-    training_tensors,
+    train_window_set,
 )
 
 log = logging.getLogger("bftrec")
@@ -132,7 +132,9 @@ def replay_gain(run_dir: Path) -> dict:
     device = torch.device("cpu")
     seed_everything(g["root"].seed, g["trainer"].deterministic)
     data, _, model = build(g, device)
-    first = first_batch(*training_tensors(data, g["model"].max_len, device), g["trainer"].batch_size)
+    tc = g["trainer"]  # the run's own windows: with sliding/prefixes and fewer users than a batch, they differ
+    tw = train_window_set(data, g["model"].max_len, device, tc.train_windows, tc.train_window_stride)
+    first = tw.batch(np.arange(min(tc.batch_size, len(tw))))
     model.calibrate(first)
     initial = mean_gain(model, first)
     path = Path(run_dir) / "checkpoint.pt"

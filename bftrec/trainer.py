@@ -186,8 +186,10 @@ class TrainWindows:
         return torch.from_numpy(np.minimum(self.end - self.start, self.length))
 
     def batch(self, idx: torch.Tensor | np.ndarray) -> dict:
-        """``{"seq": (B, L + 1) int64[, "time": (B, L + 1) int64]}`` on ``device`` for window rows ``idx`` (B,)."""
-        idx = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx, dtype=np.int64)
+        """``{"seq": (B, L + 1) int64[, "time": (B, L + 1) int64]}`` on ``device`` for window rows ``idx``: (B,)
+        integer indices or a (W,) bool mask (torch or numpy, any device)."""
+        idx = np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx)
+        idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)  # a mask selects its rows
         start, end = self.start[idx], self.end[idx]  # (B,)
         out = {"seq": torch.from_numpy(windows(self.items, start, end, self.length)).to(self.device)}
         if self.timestamps is not None:
@@ -229,8 +231,8 @@ def train_windows_block(cfg: TrainerConfig, max_len: int, world: int = 1) -> dic
                "last": "the most recent max_len training targets of each user"}
     text = targets[cfg.train_windows]
     if world > 1:
-        text += (f"; under DDP ({world} processes) up to {world - 1} windows per epoch, drawn anew each epoch, "
-                 "are skipped so that every process takes as many steps")
+        text += (f"; under DDP ({world} processes) up to {world - 1} window{'s' if world > 2 else ''} per epoch, "
+                 "drawn anew each epoch, skipped so that every process takes as many steps")
     return {"mode": cfg.train_windows, "window_items": max_len + 1,
             "stride": (cfg.train_window_stride or max_len) if sliding else None, "targets": text}
 

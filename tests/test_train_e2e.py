@@ -139,11 +139,14 @@ def test_cli_smoke_run(tmp_path):
     assert len(found) == 1
 
 
-def test_bft_run_records_gain_and_replay_matches(tmp_path):
-    """BFT.md §0: initial and final mean K per layer are logged; the replay reproduces them exactly."""
+@pytest.mark.parametrize("over", [(), ("trainer.train_windows=prefixes", "dataset.synthetic.n_users=40",
+                                        "trainer.batch_size=64")])
+def test_bft_run_records_gain_and_replay_matches(tmp_path, over):
+    """BFT.md §0: initial and final mean K per layer are logged; the replay reproduces them exactly, also
+    when the run's own windows (prefixes, fewer users than a batch) make a first batch unlike ``last``'s."""
     from bftrec.evaluate import replay_gain
 
-    m = run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
+    m = run(smoke_cfg(tmp_path, "layer=bft", *over), tmp_path / "run")
     recorded = m["mechanism"]["gain_first_batch"]
     assert len(recorded["initial_K_per_layer"]) == 1 and 0.0 < recorded["initial_K_per_layer"][0] <= 1.0
     replay = replay_gain(tmp_path / "run")

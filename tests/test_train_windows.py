@@ -264,3 +264,11 @@ def test_metrics_say_when_ddp_skips_windows():
     assert "once per epoch" in train_windows_block(cfg, 50)["targets"]
     four = train_windows_block(cfg, 50, 4)["targets"]
     assert "under DDP (4 processes) up to 3 windows per epoch" in four
+    assert "up to 1 window per epoch" in train_windows_block(cfg, 50, 2)["targets"]
+
+
+def test_window_set_takes_a_mask_as_its_rows():
+    tw = train_window_set(_data(), 4, torch.device("cpu"), "prefixes")
+    mask = torch.zeros(len(tw), dtype=torch.bool)
+    mask[[2, 5]] = True
+    assert torch.equal(tw.batch(mask)["seq"], tw.batch(torch.tensor([2, 5]))["seq"])
