@@ -23,7 +23,9 @@ Same training targets (``--targets``):
   prefix of a sequence, is fed each user's last ``max_len + 3`` items only (that window, then the
   validation and test items), so its rows are exactly bftrec's targets with the same histories;
 - ``all``: every training item after the first is a target (RecBole's own default). RecBole sees the
-  full sequences; bftrec needs its ``trainer.train_windows`` option (issue 11) for it.
+  full sequences; bftrec trains with ``trainer.train_windows=prefixes``, which cuts them as RecBole
+  does: one sample per target (the prefix ending at it, up to ``max_len`` items of context), the loss at
+  that target only. Only the architecture then differs.
 
 Same model size and loss: D, blocks, heads, FFN width, max_len, dropouts, Adam lr and batch size from
 ``configs/model/sasrec.yaml`` + ``configs/tuned/<dataset>_sasrec.yaml`` (``--hp`` overrides), full
@@ -225,9 +227,8 @@ class Bftrec:
         self.tc = TrainerConfig(batch_size=hp["batch_size"], lr=hp["lr"], patience=10 ** 9, device="cpu",
                                 num_threads=1, progress=False)
         if targets == "all":
-            # every training target once per epoch (windows of max_len + 1, stride max_len): the same targets as
-            # RecBole's every-prefix expansion, though a target early in a window sees a shorter context
-            self.tc.train_windows = "sliding"
+            # RecBole's every-prefix expansion: one sample per training target, its loss alone, once per epoch
+            self.tc.train_windows = "prefixes"
         mc = merge_schema(SASRecConfig, {**{k: hp[k] for k in HP_KEYS if k in SASRecConfig.__dataclass_fields__},
                                          "loss": "ce"}, "model")
         seed_everything(seed, False)  # as bftrec.train.train_and_test: seed, then build the model

@@ -61,6 +61,33 @@ def test_window_export_gives_recbole_exactly_bftrecs_training_targets(tmp_path, 
     assert len(recbole) == bench.bftrec_train_targets(data, L, "window") and recbole == bftrec
 
 
+
+def test_all_targets_gives_bftrec_recboles_samples_one_each(tmp_path, data):
+    """``--targets all``: bftrec trains with ``prefixes``, whose samples (history, target) are RecBole's
+    every-prefix rows of the full export (minus validation and test), each exactly once."""
+    from collections import Counter
+
+    from bftrec.trainer import train_window_set
+
+    bench = load_script("bench_peer")
+    bench.export_atomic(data, tmp_path, "bench", L, "all")
+    inter = _read(tmp_path / "bench" / "bench.inter")
+    recbole = Counter()
+    for u, g in inter.groupby("user_id:token", sort=True):
+        s = g["item_id:token"].tolist()
+        rows = [(tuple(s[max(0, t - L):t]), s[t]) for t in range(1, len(s))]
+        recbole.update((u, h, y) for h, y in rows[:-2])
+    tw = train_window_set(data, L, torch.device("cpu"), "prefixes")
+    seqs = tw.batch(np.arange(len(tw)))["seq"].numpy()  # (W, L + 1): context, then the target
+    owner = np.searchsorted(data.offsets, tw.end - 1, side="right") - 1  # (W,) user of each window
+    ours = Counter((int(u), tuple(int(x) for x in w[:-1] if x), int(w[-1])) for u, w in zip(owner, seqs)
+                   if w[-2] != 0)  # a window with no context has no target (t_0)
+    assert sum(ours.values()) == sum(recbole.values()) == bench.bftrec_train_targets(data, L, "all")
+    assert ours == recbole
+    peer = bench.Bftrec(data, {**bench.hyperparameters("sports", [f"max_len={L}"]), "max_len": L}, 0, "all",
+                        tmp_path / "b")
+    assert peer.tc.train_windows == "prefixes"
+
 def test_right_aligned_moves_padding_to_the_end():
     bench = load_script("bench_peer")
     left = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4], [0, 0, 0, 9]])
