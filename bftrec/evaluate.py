@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -134,7 +133,7 @@ def replay_gain(run_dir: Path) -> dict:
     data, _, model = build(g, device)
     tc = g["trainer"]  # the run's own windows: with sliding/prefixes and fewer users than a batch, they differ
     tw = train_window_set(data, g["model"].max_len, device, tc.train_windows, tc.train_window_stride)
-    first = tw.batch(np.arange(min(tc.batch_size, len(tw))))
+    first = tw.first(tc.batch_size)
     model.calibrate(first)
     initial = mean_gain(model, first)
     path = Path(run_dir) / "checkpoint.pt"

@@ -196,6 +196,11 @@ class TrainWindows:
             out["time"] = torch.from_numpy(windows(self.timestamps, start, end, self.length)).to(self.device)
         return out
 
+    def first(self, batch_size: int) -> dict:
+        """The first ``batch_size`` windows (the ``last`` windows of the first users): the BFT calibration batch
+        (BFT.md §1 s₀²) and the K probe."""
+        return self.batch(np.arange(min(batch_size, len(self))))
+
 
 def train_window_set(data, max_len: int, device: torch.device, mode: str = "last",
                      stride: Optional[int] = None) -> TrainWindows:
@@ -235,14 +240,6 @@ def train_windows_block(cfg: TrainerConfig, max_len: int, world: int = 1) -> dic
                  "drawn anew each epoch, skipped so that every process takes as many steps")
     return {"mode": cfg.train_windows, "window_items": max_len + 1,
             "stride": (cfg.train_window_stride or max_len) if sliding else None, "targets": text}
-
-
-def first_batch(seqs: torch.Tensor, times: Optional[torch.Tensor], batch_size: int) -> dict:
-    """The first ``batch_size`` users' windows: the calibration batch and the K probe."""
-    batch = {"seq": seqs[:batch_size]}
-    if times is not None:
-        batch["time"] = times[:batch_size]
-    return batch
 
 
 def mean_gain(model: nn.Module, batch: dict) -> Optional[list]:
@@ -337,7 +334,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
 
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
              "initial_gain": None}
-    first = tw.batch(np.arange(min(cfg.batch_size, len(tw))))  # calibration batch (BFT.md §1 s₀²) and K probe
+    first = tw.first(cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
         last = Path(cfg.resume) / "last.pt"

@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from bftrec.train import CONFIG_DIR, build, typed_groups
-from bftrec.trainer import first_batch, training_tensors
+from bftrec.trainer import train_window_set
 
 
 def main() -> None:
@@ -28,8 +28,7 @@ def main() -> None:
         cfg = compose("train", overrides=[f"dataset={args.dataset}", "model=hstu"])
     g = typed_groups(cfg)
     data, _, model = build(g, torch.device("cpu"))
-    seqs, times = training_tensors(data, g["model"].max_len, torch.device("cpu"))
-    batch = first_batch(seqs, times, args.batch)
+    batch = train_window_set(data, g["model"].max_len, torch.device("cpu")).first(args.batch)
     stats, hooks = [], []
     for block in model.stack.blocks:
         def hook(mod, inp, out, block=block):
