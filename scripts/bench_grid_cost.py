@@ -36,25 +36,36 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import yaml
 
 from bftrec.grid import sweep_axes
 from bftrec.train import device_name
 
 REPO = Path(__file__).resolve().parent.parent
-TRAINER_DEFAULTS = REPO / "configs" / "trainer" / "default.yaml"
 
 
-def tuned_budget(dataset: str, model: str) -> dict:
-    """Epoch cap, patience and ``min_epochs`` (no early stop before it; 0 = off) of a pair:
-    configs/tuned/<dataset>_<model>.yaml over the trainer defaults."""
-    base = yaml.safe_load(TRAINER_DEFAULTS.read_text()) or {}
-    tuned = yaml.safe_load((REPO / "configs" / "tuned" / f"{dataset}_{model}.yaml").read_text()) or {}
-    t = {**base, **(tuned.get("trainer") or {})}
-    m = tuned.get("model") or {}
-    return {"epochs_cap": int(t["epochs"]), "patience": int(t["patience"]),
-            "min_epochs": int(t.get("min_epochs") or 0), "max_len": m.get("max_len"),
-            "loss": m.get("loss")}
+def tuned_budget(dataset: str, model: str, grid: str = "main", extra: tuple = ()) -> dict:
+    """Epoch cap, patience and ``min_epochs`` (no early stop before it; 0 = off) of a cell, from the
+    config the grid command composes for it: ``experiment=paper/<grid>`` with the cell's dataset and
+    backbone (configs/tuned/<dataset>_<model>.yaml over the trainer defaults) and ``extra``, the cell's
+    ``--add`` overrides (so ``--add "dataset=sports trainer.patience=50"`` is projected with patience 50).
+
+    Raises:
+        SystemExit: overrides Hydra cannot compose (names the override).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    axes = {"dataset", "model", "seed"}
+    over = [f"experiment=paper/{grid}", f"dataset={dataset}", f"model={model}",
+            *(o for o in extra if o.lstrip("+~").partition("=")[0] not in axes)]
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = compose("train", overrides=over)
+    except HydraException as e:
+        raise SystemExit(f"bench_grid_cost: cannot compose {' '.join(over)}: {e}") from None
+    t, m = cfg.trainer, cfg.model
+    return {"epochs_cap": int(t.epochs), "patience": int(t.patience), "min_epochs": int(t.get("min_epochs") or 0),
+            "max_len": m.get("max_len"), "loss": m.get("loss")}
 
 
 def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, threads: int) -> pd.DataFrame:
@@ -82,7 +93,9 @@ def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, thread
             rows.append({"dataset": dataset, "model": model, "layer": layer,
                          "s_per_epoch": round(float(per_epoch.mean()), 2),
                          "s_epochs": [round(float(x), 2) for x in per_epoch],
-                         "overhead_s": round(float(rec["wall_s"] - per_epoch.sum()), 2)})
+                         "overhead_s": round(float(rec["wall_s"] - per_epoch.sum()), 2),
+                         "extra": [o for o in overrides if o.partition("=")[0] not in ("dataset", "model",
+                                                                                         "layer", "seed")]})
     df = pd.DataFrame(rows)
     df.attrs["wall_s"] = round(wall, 1)
     return df
@@ -119,8 +132,9 @@ def _proxy(best: dict, model: str, layer: str) -> float:
     return float(sum(same) / len(same))
 
 
-def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
-    """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case.
+def project(timed: pd.DataFrame, seeds: list[int], best: dict, grid: str = "main") -> pd.DataFrame:
+    """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case; the
+    budget is ``tuned_budget`` of the cell under ``grid`` and its ``extra`` overrides (column, if any).
 
     Raises:
         SystemExit: a timed run without a finite s/epoch; a backbone the reference never ran.
@@ -130,7 +144,7 @@ def project(timed: pd.DataFrame, seeds: list[int], best: dict) -> pd.DataFrame:
         if not (r["s_per_epoch"] > 0):  # NaN or 0: a run that timed no epoch
             raise SystemExit(f"bench_grid_cost: {r['dataset']}/{r['model']}/{r['layer']} timed no epoch "
                              f"(s/epoch {r['s_per_epoch']}); rerun with --epochs >= 1")
-        b = tuned_budget(r["dataset"], r["model"])
+        b = tuned_budget(r["dataset"], r["model"], grid, tuple(r.get("extra") or ()))
         proxy = _proxy(best, r["model"], r["layer"])
         expected = min(b["epochs_cap"], max(b["min_epochs"], int(round(proxy)) + b["patience"]))
         for s in seeds:
@@ -250,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     order = {k: list(dict.fromkeys([*axes[k], *t[k]])) for k in ("dataset", "model")}  # the grid's order
     t = t.assign(_d=t["dataset"].map(order["dataset"].index), _m=t["model"].map(order["model"].index)) \
         .sort_values(["_d", "_m"]).drop(columns=["_d", "_m"]).reset_index(drop=True)
-    cells = project(t, [int(s) for s in axes["seed"]], best)
+    cells = project(t, [int(s) for s in axes["seed"]], best, args.grid)
     limit = args.slice_hours * 3600
     sl = slices(cells, args.first.split(","), args.n_jobs, limit)
     result = {

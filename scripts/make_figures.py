@@ -208,7 +208,8 @@ def curves_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
+    ap.add_argument("--runs", type=Path, nargs="+", required=True,
+                    help="folder(s) searched for metrics.json; several: their union")
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
     ap.add_argument("--grid", type=Path, action="append",
                     help="grid config whose cells are expected (configs/experiment/paper/*.yaml); repeat for a union")

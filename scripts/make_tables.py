@@ -7,7 +7,9 @@ the cell names and the header.
     python scripts/make_tables.py --runs results/paper_cpu/runs --grid configs/experiment/paper/cpu.yaml \
         --out results/paper_cpu/tables
 
-``--runs`` is any folder: one run directory, a Hydra multirun folder (any sweep) or a grid's ``runs/``.
+``--runs`` is any folder: one run directory, a Hydra multirun folder (any sweep) or a grid's ``runs/``;
+give several (``--runs a b``, or a shell glob) to table a chosen subset of a folder, e.g. the seeds of one
+tuned config without the one-seed tuning runs beside them.
 Runs of one (dataset, model, tag, layer, seed) cell launched with different command-line overrides
 (a sweep over ``trainer.lr``) are told apart by those overrides, which then act as their tag.
 
@@ -72,12 +74,22 @@ def _overrides(run_dir: Path) -> list[str]:
     return [o for o in found if not o.lstrip("+~").startswith(QUIET)]
 
 
-def load_runs(root: Path) -> list[dict]:
-    """Every run below ``root`` (``root`` itself may be one run): its metrics.json plus the paths of
-    its folder and ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart
-    from other runs of the same cell (a sweep), joined into its tag when it has none."""
+def load_runs(root) -> list[dict]:
+    """Every run below ``root`` (``root`` itself may be one run; a list of folders: the runs below
+    each, a run under two of them counted once): its metrics.json plus the paths of its folder and
+    ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart from other runs of
+    the same cell (a sweep), joined into its tag when it has none.
+
+    Raises:
+        SystemExit: a folder that does not exist, or no metrics.json under any of them.
+    """
+    roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+    absent = [str(r) for r in roots if not r.exists()]
+    if absent:
+        raise SystemExit(f"make_tables: no such folder: {', '.join(absent)}; check the --runs paths")
+    found = {m.resolve(): m for r in roots for m in r.rglob("metrics.json")}
     runs = []
-    for mpath in sorted(root.rglob("metrics.json")):
+    for mpath in sorted(found.values()):
         if mpath.parent.name.startswith("eval_"):
             continue  # re-scored copies (bftrec-eval) are not extra seeds
         m = json.loads(mpath.read_text())
@@ -89,7 +101,7 @@ def load_runs(root: Path) -> list[dict]:
         m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
         runs.append(m)
     if not runs:
-        raise SystemExit(f"make_tables: no metrics.json under {root}; run the experiment first")
+        raise SystemExit(f"make_tables: no metrics.json under {', '.join(map(str, roots))}; run the experiment first")
     _name_variants(runs)
     return runs
 
@@ -272,14 +284,16 @@ def check_comparable(groups: dict) -> None:
                                  f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
 
 
-def select_runs(root: Path, grid, allow_partial: bool, prog: str = "make_tables") -> tuple:
-    """Runs of ``root`` ready for tables or figures: (runs, missing cells, ignored run folders).
+def select_runs(root, grid, allow_partial: bool, prog: str = "make_tables") -> tuple:
+    """Runs of ``root`` (a folder or a list of them, as ``load_runs``) ready for tables or figures:
+    (runs, missing cells, ignored run folders).
 
     With ``grid`` (a config path or a list of them), runs outside it are left out (and returned as
     ignored). Raises SystemExit on missing cells unless ``allow_partial``, on duplicate runs and on
     runs that are not comparable.
     """
     runs = load_runs(root)
+    where = ", ".join(map(str, [root] if isinstance(root, (str, Path)) else root))
     ignored = []
     cells_ = grid_cells(grid) if grid is not None else None
     if cells_ is not None:
@@ -288,10 +302,10 @@ def select_runs(root: Path, grid, allow_partial: bool, prog: str = "make_tables"
         runs = [r for r in runs if str(r["_dir"]) not in ignored]
         if not runs:
             names = [grid] if isinstance(grid, (str, Path)) else grid
-            raise SystemExit(f"{prog}: no run under {root} belongs to the grid {', '.join(map(str, names))}")
+            raise SystemExit(f"{prog}: no run under {where} belongs to the grid {', '.join(map(str, names))}")
     missing = missing_cells(runs, cells_)
     if missing and not allow_partial:
-        raise SystemExit(f"{prog}: {len(missing)} cells missing under {root}: {'; '.join(describe_missing(missing))}. "
+        raise SystemExit(f"{prog}: {len(missing)} cells missing under {where}: {'; '.join(describe_missing(missing))}. "
                          "Finish them (a grid rerun skips finished cells) or pass --allow-partial")
     check_comparable(cells(runs))
     return runs, missing, ignored
@@ -807,8 +821,9 @@ def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str) -> list
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True,
-                    help="folder searched for metrics.json: one run, a multirun folder or a grid's runs/")
+    ap.add_argument("--runs", type=Path, nargs="+", required=True,
+                    help="folder(s) searched for metrics.json: one run, a multirun folder or a grid's runs/; "
+                         "several: their union")
     ap.add_argument("--out", type=Path, required=True, help="folder for the tables")
     ap.add_argument("--grid", type=Path, action="append",
                     help="grid config whose cells are expected (configs/experiment/paper/*.yaml); repeat for a union")

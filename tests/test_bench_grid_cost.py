@@ -32,7 +32,7 @@ def test_projection_respects_min_epochs(monkeypatch):
     """A pair with trainer.min_epochs cannot stop before it: the proxy is raised to it, still capped."""
     cost = _cost()
     budget = {"epochs_cap": 101, "patience": 10, "min_epochs": 90, "max_len": 200, "loss": "ce"}
-    monkeypatch.setattr(cost, "tuned_budget", lambda d, m: dict(budget))
+    monkeypatch.setattr(cost, "tuned_budget", lambda d, m, *grid_extra: dict(budget))
     timed = _timed([("ml-1m", "hstu", "standard", 30.0)])
     cells = cost.project(timed, [0], {("hstu", "standard"): 40.0})
     assert cells["epochs_expected"].tolist() == [90]  # not 40 + 10
@@ -61,6 +61,22 @@ def test_timed_runs_switch_min_epochs_off(monkeypatch):
 def test_tuned_budget_reads_min_epochs_default_off():
     b = _cost().tuned_budget("sports", "sasrec")
     assert b["min_epochs"] == 0 and b["epochs_cap"] >= b["patience"] > 0
+
+
+def test_added_cells_are_projected_with_their_own_overrides():
+    """--add "dataset=sports trainer.patience=50" is budgeted with patience 50, not the tuned value
+    (the grid axes in it select the cell and are not budget overrides)."""
+    cost = _cost()
+    tuned = cost.tuned_budget("sports", "sasrec")
+    extra = ("layer=bft_h", "trainer.patience=57", "trainer.epochs=333")
+    b = cost.tuned_budget("sports", "sasrec", "main", extra)
+    assert (b["patience"], b["epochs_cap"]) == (57, 333) and tuned["patience"] != 57
+    timed = _timed([("sports", "sasrec", "standard", 40.0)] * 2).assign(extra=[[], list(extra)])
+    cells = cost.project(timed, [0], {("sasrec", "standard"): 20.0})
+    assert cells["patience"].tolist() == [tuned["patience"], 57]
+    assert cells["epochs_expected"].tolist()[1] == min(333, 20 + 57)
+    with pytest.raises(SystemExit, match="cannot compose .*trainer.nonsense=1"):
+        cost.tuned_budget("sports", "sasrec", "main", ("trainer.nonsense=1",))
 
 
 def test_slices_breadth_first_within_limit_and_long_cells_alone():

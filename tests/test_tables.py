@@ -241,6 +241,22 @@ def test_empty_folder_says_so(tmp_path):
         _make_tables().load_runs(tmp_path)
 
 
+def test_several_run_folders_table_their_union_only(runs, tmp_path):
+    """A subset of a folder (here: the seed-0 runs of both layers, without the seed-1 runs beside
+    them) gives complete tables; a run reached through two of the folders counts once."""
+    mt = _make_tables()
+    both0 = [runs / "runs" / layer / "seed0" for layer in ("standard", "bft")]
+    loaded = mt.load_runs(both0 + [runs / "runs" / "bft" / "seed0"])
+    assert sorted((r["layer"], r["seed"]) for r in loaded) == [("bft", 0), ("standard", 0)]
+    mt.main(["--runs", *map(str, both0), "--out", str(tmp_path / "t")])
+    head = (tmp_path / "t" / "overall.md").read_text()
+    assert "runs: 2;" in head and "PARTIAL" not in head
+    with pytest.raises(SystemExit, match="cells missing"):  # the whole folder with seed 1 of bft taken out
+        mt.main(["--runs", str(runs / "runs" / "standard"), str(both0[1]), "--out", str(tmp_path / "u")])
+    with pytest.raises(SystemExit, match=r"no such folder: .*nowhere; check the --runs paths"):
+        mt.load_runs([both0[0], tmp_path / "nowhere"])
+
+
 def test_grid_cells_are_the_sweep_product():
     mt = _make_tables()
     cells = mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
