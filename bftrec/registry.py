@@ -19,6 +19,11 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
+        """Decorator that files the decorated object under ``name``.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
         def deco(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice; pick another name")
@@ -28,6 +33,11 @@ class Registry(Generic[T]):
         return deco
 
     def get(self, name: str) -> T:
+        """The object registered as ``name``.
+
+        Raises:
+            KeyError: an unknown name (one line listing the known names).
+        """
         if name not in self._items:
             raise KeyError(
                 f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._items))}"
@@ -35,6 +45,7 @@ class Registry(Generic[T]):
         return self._items[name]
 
     def names(self) -> list[str]:
+        """Registered names, sorted."""
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:

@@ -86,12 +86,33 @@ class SeqRecModel(nn.Module):
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
                mech: Optional[dict] = None) -> torch.Tensor:
+        """item_seq (B, L) int64, left-padded with 0, L <= max_len; timestamps (B, L) int64 unix seconds
+        or None -> (B, L, D) float hidden states. ``mech``: a dict the BFT stack fills with its
+        mechanism (Kalman gain K, precision λ per block; BFT.md §6), None = not recorded.
+
+        Raises:
+            NotImplementedError: a subclass that does not implement it (the contract, module docstring).
+        """
         raise NotImplementedError
 
     def training_loss(self, batch: dict) -> torch.Tensor:
+        """Scalar float loss of one training batch (``seq`` (B, L + 1) int64, ``time`` (B, L + 1) int64
+        or absent, ``last_target_only`` for ``prefix_training`` backbones); the backbone owns its
+        objective (next-item for SASRec/HSTU, cloze for BERT4Rec).
+
+        Raises:
+            NotImplementedError: a subclass that does not implement it.
+        """
         raise NotImplementedError
 
     def score_items(self, batch: dict) -> torch.Tensor:
+        """(B, N + 1) float scores of every item id for the next position of ``item_seq`` (B, L) int64
+        (``time`` (B, L) int64 or absent); column 0 (padding) and special ids are ``-inf``. The
+        evaluator ranks these under full ranking (DESIGN.md, evaluation protocol).
+
+        Raises:
+            NotImplementedError: a subclass that does not implement it.
+        """
         raise NotImplementedError
 
     def calibrate(self, batch: dict) -> None:

@@ -211,6 +211,14 @@ class OriginalSASRecBlock(nn.Module):
 
 @MODELS.register("sasrec")
 class SASRec(SeqRecModel):
+    """SASRec backbone (Kang & McAuley, ICDM 2018): causal next-item model, scores tied to the item table.
+
+    Raises:
+        ConfigError: bad ``block``, ``positions``, ``init``, ``item_dropout`` outside [0, 1),
+            ``key_padding_mask=false`` without ``block=original``, ``block=original`` with a BFT layer,
+            or a shared check (``check_common``) fails.
+    """
+
     Config = SASRecConfig
     causal = True
     prefix_training = True
