@@ -37,35 +37,51 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bftrec.grid import sweep_axes
-from bftrec.train import device_name
+from bftrec.grid import AXES, sweep_axes
+from bftrec.train import device_name, override_key
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def tuned_budget(dataset: str, model: str, grid: str = "main", extra: tuple = ()) -> dict:
+def tuned_budget(dataset: str, model: str, layer: str = "standard", grid: str = "main") -> dict:
     """Epoch cap, patience and ``min_epochs`` (no early stop before it; 0 = off) of a cell, from the
-    config the grid command composes for it: ``experiment=paper/<grid>`` with the cell's dataset and
-    backbone (configs/tuned/<dataset>_<model>.yaml over the trainer defaults) and ``extra``, the cell's
-    ``--add`` overrides (so ``--add "dataset=sports trainer.patience=50"`` is projected with patience 50).
+    config the grid command composes for it: ``experiment=paper/<grid>`` with the cell's dataset,
+    backbone and layer (configs/tuned/<dataset>_<model>.yaml over the trainer defaults, and whatever
+    the grid file itself sets).
 
     Raises:
-        SystemExit: overrides Hydra cannot compose (names the override).
+        SystemExit: a cell Hydra cannot compose (names the overrides).
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    axes = {"dataset", "model", "seed"}
-    over = [f"experiment=paper/{grid}", f"dataset={dataset}", f"model={model}",
-            *(o for o in extra if o.lstrip("+~").partition("=")[0] not in axes)]
+    over = [f"experiment=paper/{grid}", f"dataset={dataset}", f"model={model}", f"layer={layer}"]
     try:
         with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
             cfg = compose("train", overrides=over)
-    except HydraException as e:
+    except (HydraException, OmegaConfBaseException) as e:
         raise SystemExit(f"bench_grid_cost: cannot compose {' '.join(over)}: {e}") from None
     t, m = cfg.trainer, cfg.model
     return {"epochs_cap": int(t.epochs), "patience": int(t.patience), "min_epochs": int(t.get("min_epochs") or 0),
             "max_len": m.get("max_len"), "loss": m.get("loss")}
+
+
+def check_add(add: str) -> list[str]:
+    """The overrides of one ``--add`` cell set: grid axes only (``dataset=sports layer=bft_h``).
+
+    Raises:
+        SystemExit: an override of another key (``trainer.patience=50``): such a cell would share the
+            grid's run folder (``<dataset>/<model>/<layer>/seed<k>``) and its slice command would not
+            carry the override; run such a variant as a grid of its own.
+    """
+    over = shlex.split(add)
+    other = [o for o in over if override_key(o) not in AXES]
+    if other:
+        raise SystemExit(f"bench_grid_cost: --add {add!r} sets {', '.join(other)}; --add takes grid axes only "
+                         f"({', '.join(AXES)}): such a cell shares the grid's run folders and slice commands. "
+                         "Run a variant as its own grid (configs/experiment/)")
+    return over
 
 
 def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, threads: int) -> pd.DataFrame:
@@ -93,9 +109,7 @@ def timed_runs(grid: str, overrides: list[str], epochs: int, n_jobs: int, thread
             rows.append({"dataset": dataset, "model": model, "layer": layer,
                          "s_per_epoch": round(float(per_epoch.mean()), 2),
                          "s_epochs": [round(float(x), 2) for x in per_epoch],
-                         "overhead_s": round(float(rec["wall_s"] - per_epoch.sum()), 2),
-                         "extra": [o for o in overrides if o.partition("=")[0] not in ("dataset", "model",
-                                                                                         "layer", "seed")]})
+                         "overhead_s": round(float(rec["wall_s"] - per_epoch.sum()), 2)})
     df = pd.DataFrame(rows)
     df.attrs["wall_s"] = round(wall, 1)
     return df
@@ -134,7 +148,7 @@ def _proxy(best: dict, model: str, layer: str) -> float:
 
 def project(timed: pd.DataFrame, seeds: list[int], best: dict, grid: str = "main") -> pd.DataFrame:
     """One row per grid cell: epochs expected (proxy) and cap, seconds expected and worst case; the
-    budget is ``tuned_budget`` of the cell under ``grid`` and its ``extra`` overrides (column, if any).
+    budget is ``tuned_budget`` of the cell under ``grid``.
 
     Raises:
         SystemExit: a timed run without a finite s/epoch; a backbone the reference never ran.
@@ -144,7 +158,7 @@ def project(timed: pd.DataFrame, seeds: list[int], best: dict, grid: str = "main
         if not (r["s_per_epoch"] > 0):  # NaN or 0: a run that timed no epoch
             raise SystemExit(f"bench_grid_cost: {r['dataset']}/{r['model']}/{r['layer']} timed no epoch "
                              f"(s/epoch {r['s_per_epoch']}); rerun with --epochs >= 1")
-        b = tuned_budget(r["dataset"], r["model"], grid, tuple(r.get("extra") or ()))
+        b = tuned_budget(r["dataset"], r["model"], r["layer"], grid)
         proxy = _proxy(best, r["model"], r["layer"])
         expected = min(b["epochs_cap"], max(b["min_epochs"], int(round(proxy)) + b["patience"]))
         for s in seeds:
@@ -257,9 +271,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"bench_grid_cost: no grid {args.grid!r} ({path}); choose a file of {path.parent}")
     axes = sweep_axes(path)
     best = reference_best_epochs(args.reference)
+    adds = [check_add(add) for add in args.add]  # before any timing: a refused --add costs nothing
     timed = [timed_runs(args.grid, ["seed=0"], args.epochs, args.n_jobs, args.threads)]
-    for add in args.add:
-        timed.append(timed_runs(args.grid, ["seed=0", *shlex.split(add)], args.epochs, args.n_jobs, args.threads))
+    for over in adds:
+        timed.append(timed_runs(args.grid, ["seed=0", *over], args.epochs, args.n_jobs, args.threads))
     t = pd.concat(timed, ignore_index=True)
     order = {k: list(dict.fromkeys([*axes[k], *t[k]])) for k in ("dataset", "model")}  # the grid's order
     t = t.assign(_d=t["dataset"].map(order["dataset"].index), _m=t["model"].map(order["model"].index)) \

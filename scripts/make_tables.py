@@ -86,10 +86,13 @@ def load_runs(root) -> list[dict]:
     roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
     absent = [str(r) for r in roots if not r.exists()]
     if absent:
-        raise SystemExit(f"make_tables: no such folder: {', '.join(absent)}; check the --runs paths")
-    found = {m.resolve(): m for r in roots for m in r.rglob("metrics.json")}
+        raise SystemExit(f"make_tables: no such folder: {', '.join(absent)}; check the run folder paths")
+    found: dict = {}
+    for r in roots:
+        for m in r.rglob("metrics.json"):
+            found.setdefault(m.resolve(), m)  # the first spelling of a run reached twice
     runs = []
-    for mpath in sorted(found.values()):
+    for _, mpath in sorted(found.items()):  # resolved order: the same however the folders are spelled
         if mpath.parent.name.startswith("eval_"):
             continue  # re-scored copies (bftrec-eval) are not extra seeds
         m = json.loads(mpath.read_text())

@@ -63,20 +63,34 @@ def test_tuned_budget_reads_min_epochs_default_off():
     assert b["min_epochs"] == 0 and b["epochs_cap"] >= b["patience"] > 0
 
 
-def test_added_cells_are_projected_with_their_own_overrides():
-    """--add "dataset=sports trainer.patience=50" is budgeted with patience 50, not the tuned value
-    (the grid axes in it select the cell and are not budget overrides)."""
+def test_budget_is_the_composed_grid_config(tmp_path, monkeypatch):
+    """The budget is what the grid command composes for the cell: a trainer setting in the grid file
+    itself wins over the tuned file's (the old reader took configs/tuned/ alone)."""
+    import shutil
+
     cost = _cost()
-    tuned = cost.tuned_budget("sports", "sasrec")
-    extra = ("layer=bft_h", "trainer.patience=57", "trainer.epochs=333")
-    b = cost.tuned_budget("sports", "sasrec", "main", extra)
+    tuned = cost.tuned_budget("sports", "sasrec", "bft_h")
+    assert tuned == cost.tuned_budget("sports", "sasrec")  # layer files set no budget key today
+    repo = tmp_path / "repo"
+    shutil.copytree(cost.REPO / "configs", repo / "configs")
+    grid = repo / "configs" / "experiment" / "paper" / "main.yaml"
+    grid.write_text(grid.read_text().replace("trainer:\n", "trainer:\n  patience: 57\n  epochs: 333\n", 1))
+    monkeypatch.setattr(cost, "REPO", repo)
+    b = cost.tuned_budget("sports", "sasrec", "standard", "main")
     assert (b["patience"], b["epochs_cap"]) == (57, 333) and tuned["patience"] != 57
-    timed = _timed([("sports", "sasrec", "standard", 40.0)] * 2).assign(extra=[[], list(extra)])
-    cells = cost.project(timed, [0], {("sasrec", "standard"): 20.0})
-    assert cells["patience"].tolist() == [tuned["patience"], 57]
-    assert cells["epochs_expected"].tolist()[1] == min(333, 20 + 57)
-    with pytest.raises(SystemExit, match="cannot compose .*trainer.nonsense=1"):
-        cost.tuned_budget("sports", "sasrec", "main", ("trainer.nonsense=1",))
+    with pytest.raises(SystemExit, match="cannot compose .*layer=nonsense"):
+        cost.tuned_budget("sports", "sasrec", "nonsense")
+
+
+def test_add_takes_grid_axes_only():
+    """An --add override of another key would share the grid's run folders and be lost from the slice
+    commands: refused in one line before anything is timed."""
+    cost = _cost()
+    assert cost.check_add("dataset=sports layer=bft_h") == ["dataset=sports", "layer=bft_h"]
+    with pytest.raises(SystemExit, match=r"sets trainer.patience=50; --add takes grid axes only"):
+        cost.check_add("dataset=sports trainer.patience=50")
+    with pytest.raises(SystemExit, match=r"sets \+model.foo=1"):
+        cost.check_add("+model.foo=1")
 
 
 def test_slices_breadth_first_within_limit_and_long_cells_alone():

@@ -253,7 +253,7 @@ def test_several_run_folders_table_their_union_only(runs, tmp_path):
     assert "runs: 2;" in head and "PARTIAL" not in head
     with pytest.raises(SystemExit, match="cells missing"):  # the whole folder with seed 1 of bft taken out
         mt.main(["--runs", str(runs / "runs" / "standard"), str(both0[1]), "--out", str(tmp_path / "u")])
-    with pytest.raises(SystemExit, match=r"no such folder: .*nowhere; check the --runs paths"):
+    with pytest.raises(SystemExit, match=r"no such folder: .*nowhere; check the run folder paths"):
         mt.load_runs([both0[0], tmp_path / "nowhere"])
 
 
