@@ -74,6 +74,11 @@ def _overrides(run_dir: Path) -> list[str]:
     return [o for o in found if not o.lstrip("+~").startswith(QUIET)]
 
 
+def run_roots(root) -> list[Path]:
+    """``root`` as a list of folders: one folder (str or Path) or an iterable of them (``--runs a b``)."""
+    return [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+
+
 def load_runs(root) -> list[dict]:
     """Every run below ``root`` (``root`` itself may be one run; a list of folders: the runs below
     each, a run under two of them counted once): its metrics.json plus the paths of its folder and
@@ -83,7 +88,7 @@ def load_runs(root) -> list[dict]:
     Raises:
         SystemExit: a folder that does not exist, or no metrics.json under any of them.
     """
-    roots = [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+    roots = run_roots(root)
     absent = [str(r) for r in roots if not r.exists()]
     if absent:
         raise SystemExit(f"make_tables: no such folder: {', '.join(absent)}; check the run folder paths")
@@ -296,7 +301,7 @@ def select_runs(root, grid, allow_partial: bool, prog: str = "make_tables") -> t
     runs that are not comparable.
     """
     runs = load_runs(root)
-    where = ", ".join(map(str, [root] if isinstance(root, (str, Path)) else root))
+    where = ", ".join(map(str, run_roots(root)))
     ignored = []
     cells_ = grid_cells(grid) if grid is not None else None
     if cells_ is not None:
