@@ -1,0 +1,106 @@
+"""Training and validation seconds of finished runs, from their ``history.csv``: the source of every
+single-run time quoted in the READMEs.
+
+    python scripts/run_seconds.py results/paper_main/runs/ml-1m/bert4rec/bft --from-epoch 76
+    python scripts/run_seconds.py results/bert4rec_ml1m/runs --out results/bert4rec_ml1m/seconds.md
+
+Per run (every run folder with ``metrics.json`` and ``history.csv`` below the arguments, found by
+``make_tables.load_runs`` as the tables find them): epochs run, the selected epoch (``metrics.json``
+``best_epoch``), then over the epochs counted (all, or those from ``--from-epoch`` on, e.g. the part of
+a run that resumed on another machine): how many, the sum of ``train_seconds`` (training, s), of
+``eval_seconds`` (full-ranking validation, s), their total, and the median seconds per epoch (training
+plus validation). Wall seconds of a process (data loading, test scoring, waits) are not in
+``history.csv`` and not here; these are the epochs' own seconds, as measured on whatever else shared the
+machine (the run's ``train.log`` and ``env.json`` say which device each process used).
+
+Raises SystemExit (one line) when a folder holds no run folder with both files, when a ``history.csv``
+lacks the seconds columns, or when ``--from-epoch`` is past a run's last epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_tables import load_runs  # noqa: E402  (a sibling script: the tables' own run discovery)
+
+COLUMNS = ("epoch", "train_seconds", "eval_seconds")
+
+
+def run_row(run: dict, from_epoch: int = 1) -> dict:
+    """One run's row (``run``: a ``make_tables.load_runs`` entry): ``{dataset, model, layer, tag, seed,
+    epochs_run, best_epoch, epochs_counted, train_s, eval_s, total_s, median_s_per_epoch}`` (seconds as
+    floats, unrounded; an epoch that was not validated counts 0 validation seconds).
+
+    Raises:
+        SystemExit: ``history.csv`` lacks a column of ``COLUMNS``, or ``from_epoch`` is past its last epoch.
+    """
+    path = run["_dir"] / "history.csv"
+    hist = pd.read_csv(path)
+    missing = [c for c in COLUMNS if c not in hist.columns]
+    if missing:
+        raise SystemExit(f"run_seconds: {path} has no column {', '.join(missing)}; it is not a bftrec history.csv")
+    epochs_run = int(hist["epoch"].max())
+    part = hist[hist["epoch"] >= from_epoch]
+    if part.empty:
+        raise SystemExit(f"run_seconds: --from-epoch {from_epoch} is past the last epoch ({epochs_run}) of "
+                         f"{path}; pick an epoch from 1 to {epochs_run}")
+    train = part["train_seconds"].astype(float)
+    valid = part["eval_seconds"].astype(float).fillna(0.0)
+    return {"dataset": run["dataset"], "model": run["model"], "layer": run["layer"], "tag": run["tag"],
+            "seed": run["seed"], "epochs_run": epochs_run, "best_epoch": int(run["best_epoch"]),
+            "epochs_counted": len(part), "train_s": float(train.sum()), "eval_s": float(valid.sum()),
+            "total_s": float(train.sum() + valid.sum()), "median_s_per_epoch": float((train + valid).median())}
+
+
+def table(roots: list[Path], from_epoch: int = 1) -> pd.DataFrame:
+    """Every run below ``roots`` (``run_row``), sorted by (dataset, model, layer, tag, seed).
+
+    Raises:
+        SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``, or ``run_row``'s.
+    """
+    runs: list[dict] = []
+    for root in roots:
+        try:
+            found = [r for r in load_runs(root) if (r["_dir"] / "history.csv").exists()]
+        except SystemExit:  # load_runs: no such folder, or no metrics.json below it
+            found = []
+        if not found:
+            raise SystemExit(f"run_seconds: no run folder (metrics.json + history.csv) below {root}")
+        seen = {q["_dir"] for q in runs}
+        runs += [r for r in found if r["_dir"] not in seen]  # a root given twice counts once
+    df = pd.DataFrame([run_row(r, from_epoch) for r in runs])
+    return df.sort_values(["dataset", "model", "layer", "tag", "seed"]).reset_index(drop=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
+    ap.add_argument("--from-epoch", type=int, default=1, help="count epochs from this one on (default 1: all)")
+    ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
+    args = ap.parse_args(argv)
+    if args.from_epoch < 1:
+        ap.error(f"--from-epoch {args.from_epoch}: epochs count from 1; pick 1 or more")
+    df = table(args.roots, args.from_epoch)
+    for c in ("train_s", "eval_s", "total_s"):
+        df[c] = df[c].map(lambda v: f"{v:,.0f}")
+    df["median_s_per_epoch"] = df["median_s_per_epoch"].map(lambda v: f"{v:.1f}")
+    df = df.rename(columns={"epochs_run": "epochs run", "best_epoch": "best epoch",
+                            "epochs_counted": f"epochs counted (from {args.from_epoch})",
+                            "train_s": "training (s)", "eval_s": "validation (s)", "total_s": "total (s)",
+                            "median_s_per_epoch": "median s per epoch"})
+    cmd = "python scripts/run_seconds.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
