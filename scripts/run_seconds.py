@@ -5,13 +5,14 @@ single-run time quoted in the READMEs.
     python scripts/run_seconds.py results/bert4rec_ml1m/runs --out results/bert4rec_ml1m/seconds.md
 
 Per run (every run folder with ``metrics.json`` and ``history.csv`` below the arguments, found by
-``make_tables.load_runs`` as the tables find them): epochs run, the selected epoch (``metrics.json``
-``best_epoch``), then over the epochs counted (all, or those from ``--from-epoch`` on, e.g. the part of
-a run that resumed on another machine): how many, the sum of ``train_seconds`` (training, s), of
-``eval_seconds`` (full-ranking validation, s), their total, and the median seconds per epoch (training
-plus validation). Wall seconds of a process (data loading, test scoring, waits) are not in
-``history.csv`` and not here; these are the epochs' own seconds, as measured on whatever else shared the
-machine (the run's ``train.log`` and ``env.json`` say which device each process used).
+``make_tables.load_runs`` as the tables find them, via ``valid_vs_test.history_runs``): epochs run,
+the selected epoch (``metrics.json`` ``best_epoch``), then over the epochs counted (all, or those from
+``--from-epoch`` on, e.g. the part of a run that resumed on another machine): how many, the sum of
+``train_seconds`` (training, s), of ``eval_seconds`` (full-ranking validation, s), their total, and
+the median seconds per epoch (training plus validation). Wall seconds of a process (data loading,
+test scoring, waits) are not in ``history.csv`` and not here; these are the epochs' own seconds, as
+measured beside whatever else shared the machine (the run's ``train.log`` and ``env.json`` say which
+device each process used).
 
 Raises SystemExit (one line) when a folder holds no run folder with both files, when a ``history.csv``
 lacks the seconds columns, or when ``--from-epoch`` is past a run's last epoch.
@@ -25,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import load_runs  # noqa: E402  (a sibling script: the tables' own run discovery)
+from valid_vs_test import history_runs, write_markdown  # noqa: E402  (a sibling script: run discovery, output)
 
 COLUMNS = ("epoch", "train_seconds", "eval_seconds")
 
@@ -62,17 +63,7 @@ def table(roots: list[Path], from_epoch: int = 1) -> pd.DataFrame:
     Raises:
         SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``, or ``run_row``'s.
     """
-    runs: list[dict] = []
-    for root in roots:
-        try:
-            found = [r for r in load_runs(root) if (r["_dir"] / "history.csv").exists()]
-        except SystemExit:  # load_runs: no such folder, or no metrics.json below it
-            found = []
-        if not found:
-            raise SystemExit(f"run_seconds: no run folder (metrics.json + history.csv) below {root}")
-        seen = {q["_dir"] for q in runs}
-        runs += [r for r in found if r["_dir"] not in seen]  # a root given twice counts once
-    df = pd.DataFrame([run_row(r, from_epoch) for r in runs])
+    df = pd.DataFrame([run_row(r, from_epoch) for r in history_runs(roots, "run_seconds")])
     return df.sort_values(["dataset", "model", "layer", "tag", "seed"]).reset_index(drop=True)
 
 
@@ -92,13 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                             "epochs_counted": f"epochs counted (from {args.from_epoch})",
                             "train_s": "training (s)", "eval_s": "validation (s)", "total_s": "total (s)",
                             "median_s_per_epoch": "median s per epoch"})
-    cmd = "python scripts/run_seconds.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    else:
-        print(text, end="")
+    write_markdown(df, "run_seconds", argv, args.out)
     return 0
 
 

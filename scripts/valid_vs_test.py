@@ -64,22 +64,45 @@ def run_row(run: dict, metric: str) -> dict:
             "last_valid": float(hist[col].iloc[-1]), "test": float(test[metric])}
 
 
+def history_runs(roots: list[Path], script: str) -> list[dict]:
+    """The runs (``make_tables.load_runs`` entries) below ``roots`` whose folder has a ``history.csv``; a run
+    reached from two roots counts once. Shared with ``run_seconds.py`` (``script`` names the caller in errors).
+
+    Raises:
+        SystemExit: a root does not exist or holds no run folder with both ``metrics.json`` and ``history.csv``.
+    """
+    runs: list[dict] = []
+    for root in roots:
+        try:
+            found = [r for r in load_runs(root) if (r["_dir"] / "history.csv").exists()]
+        except SystemExit:  # load_runs: no such folder, or no metrics.json below it
+            found = []
+        if not found:
+            raise SystemExit(f"{script}: no run folder (metrics.json + history.csv) below {root}")
+        seen = {q["_dir"] for q in runs}
+        runs += [r for r in found if r["_dir"] not in seen]  # a root given twice counts once
+    return runs
+
+
+def write_markdown(df: pd.DataFrame, script: str, argv: list[str] | None, out: Path | None) -> None:
+    """Write ``df`` as a markdown table headed by the command that made it (``python scripts/<script>.py
+    <args>``) to ``out``, or print it when ``out`` is None. Shared with ``run_seconds.py``."""
+    cmd = f"python scripts/{script}.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    else:
+        print(text, end="")
+
+
 def table(roots: list[Path], metric: str) -> pd.DataFrame:
     """Every run below ``roots`` (``run_row``), sorted, plus a ``mean`` row after each (dataset, model, layer, tag).
 
     Raises:
         SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``.
     """
-    runs = []
-    for root in roots:
-        try:
-            found = [r for r in load_runs(root) if (r["_dir"] / "history.csv").exists()]
-        except SystemExit:  # load_runs: no metrics.json below root
-            found = []
-        if not found:
-            raise SystemExit(f"valid_vs_test: no run folder (metrics.json + history.csv) below {root}")
-        seen = {q["_dir"] for q in runs}
-        runs += [r for r in found if r["_dir"] not in seen]  # a root given twice counts once
+    runs = history_runs(roots, "valid_vs_test")
     keys = ["dataset", "model", "layer", "tag"]
     df = pd.DataFrame([run_row(r, metric) for r in runs]).sort_values([*keys, "seed"])
     means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index().assign(seed="mean")
@@ -103,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                             "best_valid": f"best valid {args.metric}",
                             "last_valid": f"valid {args.metric} at last validated epoch",
                             "test": f"test {args.metric}"})
-    cmd = "python scripts/valid_vs_test.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    else:
-        print(text, end="")
+    write_markdown(df, "valid_vs_test", argv, args.out)
     return 0
 
 
