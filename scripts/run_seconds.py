@@ -32,9 +32,10 @@ COLUMNS = ("epoch", "train_seconds", "eval_seconds")
 
 
 def run_row(run: dict, from_epoch: int = 1) -> dict:
-    """One run's row (``run``: a ``make_tables.load_runs`` entry): ``{dataset, model, layer, tag, seed,
-    epochs_run, best_epoch, epochs_counted, train_s, eval_s, total_s, median_s_per_epoch}`` (seconds as
-    floats, unrounded; an epoch that was not validated counts 0 validation seconds).
+    """One run's row (``run``: a ``make_tables.load_runs`` entry): ``{dataset, model, layer, tag, seed, run,
+    epochs_run, best_epoch, epochs_counted, train_s, eval_s, total_s, median_s_per_epoch}`` (``run``: the run
+    folder's name, which tells apart runs of one tag and seed, e.g. the variants of a sweep; seconds as floats,
+    unrounded; an epoch that was not validated counts 0 validation seconds).
 
     Raises:
         SystemExit: ``history.csv`` lacks a column of ``COLUMNS``, or ``from_epoch`` is past its last epoch.
@@ -52,19 +53,20 @@ def run_row(run: dict, from_epoch: int = 1) -> dict:
     train = part["train_seconds"].astype(float)
     valid = part["eval_seconds"].astype(float).fillna(0.0)
     return {"dataset": run["dataset"], "model": run["model"], "layer": run["layer"], "tag": run["tag"],
-            "seed": run["seed"], "epochs_run": epochs_run, "best_epoch": int(run["best_epoch"]),
-            "epochs_counted": len(part), "train_s": float(train.sum()), "eval_s": float(valid.sum()),
-            "total_s": float(train.sum() + valid.sum()), "median_s_per_epoch": float((train + valid).median())}
+            "seed": run["seed"], "run": run["_dir"].name, "epochs_run": epochs_run,
+            "best_epoch": int(run["best_epoch"]), "epochs_counted": len(part), "train_s": float(train.sum()),
+            "eval_s": float(valid.sum()), "total_s": float(train.sum() + valid.sum()),
+            "median_s_per_epoch": float((train + valid).median())}
 
 
 def table(roots: list[Path], from_epoch: int = 1) -> pd.DataFrame:
-    """Every run below ``roots`` (``run_row``), sorted by (dataset, model, layer, tag, seed).
+    """Every run below ``roots`` (``run_row``), sorted by (dataset, model, layer, tag, seed, run).
 
     Raises:
         SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``, or ``run_row``'s.
     """
     df = pd.DataFrame([run_row(r, from_epoch) for r in history_runs(roots, "run_seconds")])
-    return df.sort_values(["dataset", "model", "layer", "tag", "seed"]).reset_index(drop=True)
+    return df.sort_values(["dataset", "model", "layer", "tag", "seed", "run"]).reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ def test_sums_medians_and_from_epoch(tmp_path):
     _run(tmp_path, 0, [5.0, 5.0], [float("nan"), 1.0], layer="standard")  # epoch 1 not validated
     df = rs.table([tmp_path])
     assert list(df["layer"]) == ["bft", "standard"]  # sorted
+    assert list(df["run"]) == ["seed1", "seed0"]  # the folder's name tells runs of one tag and seed apart
     r = df.iloc[0]
     assert (r["epochs_run"], r["best_epoch"], r["epochs_counted"]) == (4, 3, 4)
     assert r["train_s"] == pytest.approx(100.0) and r["eval_s"] == pytest.approx(10.0)
