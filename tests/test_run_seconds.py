@@ -36,6 +36,11 @@ def test_sums_medians_and_from_epoch(tmp_path):
     assert (part["epochs_run"], part["epochs_counted"]) == (4, 2)  # the run's length, the counted part
     assert part["total_s"] == pytest.approx(77.0) and part["median_s_per_epoch"] == pytest.approx(38.5)
     assert len(rs.table([tmp_path, tmp_path / "ml-1m"])) == 2  # the same runs twice count once
+    other = tmp_path / "ml-1m" / "bert4rec" / "bft" / "seed1_variant"  # same dataset, model, layer, tag and seed
+    other.mkdir()
+    for f in ("history.csv", "metrics.json"):
+        (other / f).write_bytes((tmp_path / "ml-1m" / "bert4rec" / "bft" / "seed1" / f).read_bytes())
+    assert list(rs.table([tmp_path])["run"]) == ["seed1", "seed1_variant", "seed0"]  # told apart, in name order
     out = tmp_path / "s.md"
     assert rs.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
