@@ -7,9 +7,9 @@ import pytest
 from tests.scripts import load_script
 
 
-def _run(root, seed, train_s, eval_s, best_epoch=1, layer="bft"):
-    """A run folder whose history.csv has len(train_s) epochs with these seconds."""
-    d = root / "ml-1m" / "bert4rec" / layer / f"seed{seed}"
+def _run(root, seed, train_s, eval_s, best_epoch=1, layer="bft", name=None):
+    """A run folder (``name``, default ``seed<seed>``) whose history.csv has len(train_s) epochs with these seconds."""
+    d = root / "ml-1m" / "bert4rec" / layer / (name or f"seed{seed}")
     d.mkdir(parents=True)
     pd.DataFrame({"epoch": range(1, len(train_s) + 1), "loss": 1.0, "train_seconds": train_s,
                   "valid_NDCG@10": 0.1, "eval_seconds": eval_s}).to_csv(d / "history.csv", index=False)
@@ -36,11 +36,8 @@ def test_sums_medians_and_from_epoch(tmp_path):
     assert (part["epochs_run"], part["epochs_counted"]) == (4, 2)  # the run's length, the counted part
     assert part["total_s"] == pytest.approx(77.0) and part["median_s_per_epoch"] == pytest.approx(38.5)
     assert len(rs.table([tmp_path, tmp_path / "ml-1m"])) == 2  # the same runs twice count once
-    other = tmp_path / "ml-1m" / "bert4rec" / "bft" / "seed1_variant"  # same dataset, model, layer, tag and seed
-    other.mkdir()
-    for f in ("history.csv", "metrics.json"):
-        (other / f).write_bytes((tmp_path / "ml-1m" / "bert4rec" / "bft" / "seed1" / f).read_bytes())
-    assert list(rs.table([tmp_path])["run"]) == ["seed1", "seed1_variant", "seed0"]  # told apart, in name order
+    _run(tmp_path, 1, [10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0], best_epoch=3, name="seed1_variant")
+    assert list(rs.table([tmp_path])["run"]) == ["seed1", "seed1_variant", "seed0"]  # one tag and seed, told apart
     out = tmp_path / "s.md"
     assert rs.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
