@@ -38,10 +38,11 @@ SOURCE = {
     "instruments-2014": (1_429, 900, 10_261),
     "ml-100k": (943, 1_682, 100_000),
     "ml-1m": (6_040, 3_706, 1_000_209),
+    "ml-1m-ts": (2_999, 3_615, 487_650),
 }
 # after preprocessing: the same, except ML-100K, the only raw (not k-core) set, which gets a 5-core
 PROCESSED = {**SOURCE, "ml-100k": (943, 1_349, 99_287)}
-TIMESTAMPED = {"sports", "beauty", "yelp", "instruments-2014", "ml-100k"}
+TIMESTAMPED = {"sports", "beauty", "yelp", "instruments-2014", "ml-100k", "ml-1m-ts"}
 REAL = [n for n in dataset_names() if n != "synthetic"]
 
 
@@ -96,9 +97,28 @@ def test_timestamped_tsv_reproduces_s3rec_sequences(name, s3rec_file, cache):
 
 
 @needs_data
+def test_ml_1m_ts_is_ml_1m_users_1_to_2999_with_timestamps(cache):
+    """ml-1m-ts (the original ratings.dat lines of users 1-2,999) holds the same items per user as ml-1m,
+    with timestamps that never go backward. Same-second ties (53.5% of consecutive pairs) are in file order here and in
+    the DiffuRec preprocessing's order in ml-1m, so the two orders differ (SOURCE.md)."""
+    ts, full = (load_dataset(dataset_config(n), ROOT, cache) for n in ("ml-1m-ts", "ml-1m"))
+    row = {str(u): i for i, u in enumerate(full.user_ids)}
+    same_test_item = 0
+    for i, u in enumerate(ts.user_ids):
+        a = ts.item_ids[ts.items[ts.offsets[i]:ts.offsets[i + 1]]].astype(str)  # original movie ids, time order
+        j = row[str(u)]
+        b = full.item_ids[full.items[full.offsets[j]:full.offsets[j + 1]]].astype(str)
+        assert sorted(a) == sorted(b), u
+        same_test_item += int(a[-1] == b[-1])
+        assert (np.diff(ts.timestamps[ts.offsets[i]:ts.offsets[i + 1]]) >= 0).all(), u
+    assert sorted(int(u) for u in ts.user_ids) == list(range(1, 3000))
+    assert same_test_item == 2_222  # the tie order decides the test item of 777 users (26%)
+    assert abs(ts.stats["tie_rate"] - 0.535) < 1e-3
+
+
+@needs_data
 @pytest.mark.parametrize("fmt,path,stats", [
     ("sasrec", "amazon_videogames_2014/Video.txt", (31_013, 23_715, 287_107)),
-    ("ml_dat", "movielens_1m/ratings_users1-2999_partial.dat.gz", (2_999, 3_615, 487_650)),
     ("tsv", "amazon_instruments_2014_5core/derived/interactions.tsv", (1_429, 900, 10_261)),
 ])
 def test_other_staged_files_read_with_source_md_counts(fmt, path, stats):
