@@ -62,6 +62,8 @@ class EvalConfig:
     n_negatives: int = 100            # negatives per user for the sampled protocol
     sample_seed: int = 12345          # dedicated seed of the sampled protocol's generator
     exclude_history: bool = True      # drop the user's history items from the candidates
+    exclude_scope: str = "all"        # all | window: the whole history, or only the scored window's last max_len
+    #                                   items (the HSTU reference), is excluded
     repeat_target: str = "keep"       # keep | mask: a repeated target stays rankable, or is excluded (S3-Rec, HSTU)
     batch_size: int = 1024            # users per scoring chunk (metrics do not depend on it)
     n_bins: int = 5                   # item-frequency strata Q0 (rarest) .. Q{n-1}

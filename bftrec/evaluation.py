@@ -1,11 +1,14 @@
 """Model + split -> per-user rank table (DESIGN.md "Evaluation protocol").
 
-Default protocol: **full ranking** over all N items, excluding the user's history items other than
-the target (``eval.exclude_history``). A target that repeats a history item stays rankable with
-``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec, HSTU repository), which counts
-as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over users (``eval.batch_size``),
-so memory stays bounded; results do not depend on the chunk size. Under torch.distributed each
-process scores users ``rank::world_size`` and the tables are gathered, so each user is scored once.
+Default protocol: **full ranking** over all N items, excluding the user's history items other than the
+target (``eval.exclude_history``): all of them, or with ``eval.exclude_scope=window`` only those in the
+scored window (the last ``max_len``), as the HSTU reference does (``invalid_ids=past_ids`` in its
+``research/data/eval.py``), which leaves a long history's older items rankable. A target that repeats a
+history item stays rankable with ``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec,
+HSTU repository), which counts as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over
+users (``eval.batch_size``), so memory stays bounded; results do not depend on the chunk size. Under
+torch.distributed each process scores users ``rank::world_size`` and the tables are gathered, so each
+user is scored once.
 
 The sampled protocol (``sampled100``) ranks the target among ``eval.n_negatives`` negatives drawn
 once per user by a dedicated seeded generator, uniformly or by training popularity, never from the
@@ -36,6 +39,7 @@ def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
 
     check_choice(cfg.protocol, ("full", "sampled100"), "eval.protocol")
     check_choice(cfg.repeat_target, ("keep", "mask"), "eval.repeat_target")
+    check_choice(cfg.exclude_scope, ("all", "window"), "eval.exclude_scope")
     check_choice(cfg.sampled_kind, ("uniform", "popularity"), "eval.sampled_kind")
     check_choice(cfg.bin_mode, ("equal_items", "equal_interactions"), "eval.bin_mode")
     for key in ("batch_size", "n_negatives", "n_bins"):
@@ -174,7 +178,8 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
         tgt = torch.from_numpy(part.targets).to(device)
         miss = np.zeros(len(part.users), dtype=bool)
         if cfg.exclude_history:
-            rows, cols = history_pairs(items, part.start, part.end)
+            first = part.start if cfg.exclude_scope == "all" else np.maximum(part.start, part.end - max_len)
+            rows, cols = history_pairs(items, first, part.end)
             is_repeat = cols == part.targets[rows]
             miss[np.unique(rows[is_repeat])] = cfg.repeat_target == "mask"
             if cfg.repeat_target == "keep":

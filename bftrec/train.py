@@ -107,6 +107,7 @@ def protocol_block(ev: EvalConfig, repeat_share: float, select_metric: str) -> d
         "candidates": "all items (full ranking)" if ev.protocol == "full"
         else f"target + {ev.n_negatives} sampled negatives ({ev.sampled_kind}, seed {ev.sample_seed})",
         "exclude_history": ev.exclude_history,
+        "exclude_scope": ev.exclude_scope if ev.exclude_history else None,
         "repeat_target": ev.repeat_target,
         "repeat_target_share": repeat_share,
         "ties": "pessimistic: rank = 1 + #{other candidates with score >= target score}",

@@ -796,7 +796,8 @@ def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ())
     protocols: dict = {}
     for r in runs:
         p = r["protocol"]
-        text = (f"{p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']} "
+        scope = " (scored window only)" if p.get("exclude_scope", "all") == "window" else ""
+        text = (f"{p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']}{scope} "
                 f"(repeat target: {p['repeat_target']}); ties: {p['ties']}; selection: {p['epoch_selection']}")
         protocols.setdefault(text, set()).add(r["dataset"])
     lines = [f"- protocol: {t}" + (f" [{', '.join(sorted(d))}]" if len(protocols) > 1 else "")

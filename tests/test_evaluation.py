@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from bftrec.config import EvalConfig
+from bftrec.config import ConfigError, EvalConfig
 from bftrec.data.batches import history_pairs, loo_split, train_windows, windows
 from bftrec.evaluation import rank_users, sample_candidates
 
@@ -68,6 +68,30 @@ def test_rank_matches_brute_force_with_history_exclusion():
         cand = [i for i in range(1, n + 1) if i == t or i not in set(hist.tolist())]
         expected = 1 + sum(1 for i in cand if i != t and s[i] >= s[t])
         assert table["rank"][r] == expected
+
+
+def test_exclude_scope_window_keeps_older_history_rankable():
+    """eval.exclude_scope=window (the HSTU reference) excludes only the scored window's items (max_len = 8 in
+    ``ranks``): brute force over users whose history is longer than the window and shorter."""
+    items, offsets = toy_sequences(n_users=80)
+    n = 30
+    model = LastItemScorer(n)
+    window = ranks(model, items, offsets, n, exclude_scope="window")
+    whole = ranks(model, items, offsets, n)
+    split = loo_split(items, offsets, "test")
+    assert (split.history_len > 8).sum() >= 10 and (split.history_len <= 8).sum() >= 10
+    for r in range(len(split.users)):
+        hist = items[split.start[r]:split.end[r]]
+        s = model.W[hist[-1]].detach().numpy().copy()
+        t = split.targets[r]
+        seen = set(hist[-8:].tolist())
+        expected = 1 + sum(1 for i in range(1, n + 1) if i != t and i not in seen and s[i] >= s[t])
+        assert window["rank"][r] == expected
+        if len(hist) <= 8:
+            assert window["rank"][r] == whole["rank"][r]
+    assert (window["rank"] > whole["rank"]).any()  # an older history item outranks a target
+    with pytest.raises(ConfigError, match="eval.exclude_scope"):
+        ranks(model, items, offsets, n, exclude_scope="recent")
 
 
 def test_metrics_independent_of_eval_batch_size():
