@@ -68,6 +68,11 @@ Deviations from the reference implementation, each deliberate:
   here the validation item is held out and the best validation epoch is kept (early stopping).
   ``trainer.betas`` sets the betas (torch's (0.9, 0.999) by default; the main grid's tuned HSTU
   configs set the reference's (0.9, 0.98)).
+- Evaluation protocol (``bftrec.evaluation``): the reference excludes from the full ranking only the
+  items of the scored window (its last ``max_len``, ``invalid_ids=past_ids`` in
+  ``research/data/eval.py``), so a longer history's older items stay candidates (26% of ML-1M's test
+  users have more than 200 history items); here the whole history is excluded by default, and
+  ``eval.exclude_scope=window`` scores as the reference.
 """
 from __future__ import annotations
 
