@@ -1,7 +1,7 @@
 """How fine a dataset's timestamps are for HSTU's time bias: the time buckets of the pairs it attends over.
 
     BFTREC_DATA_ROOT=../shared/data python scripts/time_gaps.py \\
-        --datasets ml-100k ml-1m sports beauty yelp --out results/hstu_time_bias/time_gaps.json
+        --datasets ml-100k ml-1m ml-1m-ts sports beauty yelp --out results/hstu_time_bias/time_gaps.json
 
 HSTU's relative time bias (``model.time_bias``, ``bftrec/models/hstu.py``) adds a learned value per
 bucket ``floor(ln(max(|τ_t - τ_j|, 1)) / 0.301)`` (``bftrec.models.hstu.time_buckets``) to every

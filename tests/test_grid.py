@@ -49,6 +49,23 @@ def test_every_cell_composes_with_its_tuned_config(grid):
                     assert "layer.name" in diff and all(k.startswith("layer.") for k in diff), diff
 
 
+def test_ml_1m_ts_hstu_recipe_is_ml_1m_s_with_the_time_bias():
+    """configs/tuned/ml-1m-ts_hstu.yaml repeats ml-1m_hstu.yaml (scripts read tuned files as plain yaml) but for
+    time_bias; experiment=hstu_time_bias_ml1m composes with it at the reference's fixed 101 epochs."""
+    import yaml
+
+    tuned = Path(CONFIG_DIR) / "tuned"
+    base, ts = (yaml.safe_load((tuned / f"{n}_hstu.yaml").read_text()) for n in ("ml-1m", "ml-1m-ts"))
+    assert base["model"].pop("time_bias") is False and ts["model"].pop("time_bias") is True
+    assert (base.pop("tuned_config"), ts.pop("tuned_config")) == ("ml-1m_hstu", "ml-1m-ts_hstu")
+    assert base == ts
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=hstu_time_bias_ml1m", "dataset=ml-1m-ts", "model.time_bias=false"])
+    g = typed_groups(cfg)
+    check_tuned(g["root"].tuned_config, "ml-1m-ts", "hstu", g["root"].require_tuned)
+    assert g["trainer"].min_epochs == g["trainer"].epochs == 101 and g["model"].time_bias is False
+
+
 def test_missing_tuned_config_is_refused():
     check_tuned("office_sasrec", "office", "sasrec", True)
     check_tuned("", "office", "sasrec", False)  # outside grids a tuned file is optional
