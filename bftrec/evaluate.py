@@ -18,6 +18,7 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
             raise ConfigError(f"--out {out_dir} already holds {taken[0]} (a run or an earlier re-score), which "
                               "bftrec-eval never overwrites; choose a new folder (or omit --out)")
     cfg = load_run_config(run_dir)  # a run written before bft.units existed loads as units=h (BFT v1)
+    for key, value in asdict(EvalConfig()).items():  # a run older than an eval key was scored at its default
+        if key not in cfg.eval:
+            cfg.eval[key] = value
     OmegaConf.set_struct(cfg, True)
     for item in overrides:
         key = item.split("=", 1)[0]

@@ -60,7 +60,8 @@ def test_ml_1m_ts_hstu_recipe_is_ml_1m_s_with_the_time_bias():
     assert (base.pop("tuned_config"), ts.pop("tuned_config")) == ("ml-1m_hstu", "ml-1m-ts_hstu")
     assert base == ts
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=hstu_time_bias_ml1m", "dataset=ml-1m-ts", "model.time_bias=false"])
+        cfg = compose("train", overrides=["experiment=hstu_time_bias_ml1m", "dataset=ml-1m-ts",
+                                          "model.time_bias=false"])
     g = typed_groups(cfg)
     check_tuned(g["root"].tuned_config, "ml-1m-ts", "hstu", g["root"].require_tuned)
     assert g["trainer"].min_epochs == g["trainer"].epochs == 101 and g["model"].time_bias is False

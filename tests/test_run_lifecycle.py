@@ -298,3 +298,20 @@ def test_eval_cli_takes_out_before_the_overrides(tmp_path, finished_run):
 
     main([str(finished_run), "--out", str(tmp_path / "re"), "eval.n_bins=2"])
     assert json.loads((tmp_path / "re" / "metrics.json").read_text())["overrides"] == ["eval.n_bins=2"]
+
+
+def test_run_written_before_an_eval_key_rescores_with_it(tmp_path, finished_run):
+    """A config.yaml without eval.exclude_scope (runs older than the key) rescores with the key overridden, and
+    without the override at its default, the way it was scored."""
+    import yaml
+
+    shutil.copytree(finished_run, tmp_path / "run")
+    path = tmp_path / "run" / "config.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    del cfg["eval"]["exclude_scope"]
+    path.write_text(yaml.safe_dump(cfg))
+    same = rescore(tmp_path / "run", [], tmp_path / "same")
+    window = rescore(tmp_path / "run", ["eval.exclude_scope=window"], tmp_path / "window")
+    assert same["protocol"]["exclude_scope"] == "all" and window["protocol"]["exclude_scope"] == "window"
+    assert same["test"] == json.loads((finished_run / "metrics.json").read_text())["test"]
+    assert "exclude_scope: window" in (tmp_path / "window" / "config.yaml").read_text()
