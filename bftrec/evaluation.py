@@ -3,7 +3,8 @@
 Default protocol: **full ranking** over all N items, excluding the user's history items other than the
 target (``eval.exclude_history``): all of them, or with ``eval.exclude_scope=window`` only those in the
 scored window (the last ``max_len``), as the HSTU reference does (``invalid_ids=past_ids`` in its
-``research/data/eval.py``), which leaves a long history's older items rankable. A target that repeats a
+``research/data/eval.py``), which leaves a long history's older items rankable (and a target repeating
+one of them rankable under ``mask``; full ranking only). A target that repeats a
 history item stays rankable with ``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec,
 HSTU repository), which counts as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over
 users (``eval.batch_size``), so memory stays bounded; results do not depend on the chunk size. Under
@@ -40,6 +41,9 @@ def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
     check_choice(cfg.protocol, ("full", "sampled100"), "eval.protocol")
     check_choice(cfg.repeat_target, ("keep", "mask"), "eval.repeat_target")
     check_choice(cfg.exclude_scope, ("all", "window"), "eval.exclude_scope")
+    if cfg.exclude_scope == "window" and cfg.protocol == "sampled100":
+        raise ConfigError("eval.exclude_scope=window applies to full ranking; sampled100 never draws negatives from "
+                          "the history; use eval.protocol=full or eval.exclude_scope=all")
     check_choice(cfg.sampled_kind, ("uniform", "popularity"), "eval.sampled_kind")
     check_choice(cfg.bin_mode, ("equal_items", "equal_interactions"), "eval.bin_mode")
     for key in ("batch_size", "n_negatives", "n_bins"):

@@ -92,6 +92,8 @@ def test_exclude_scope_window_keeps_older_history_rankable():
     assert (window["rank"] > whole["rank"]).any()  # an older history item outranks a target
     with pytest.raises(ConfigError, match="eval.exclude_scope"):
         ranks(model, items, offsets, n, exclude_scope="recent")
+    with pytest.raises(ConfigError, match="applies to full ranking"):
+        ranks(model, items, offsets, n, exclude_scope="window", protocol="sampled100", n_negatives=5)
 
 
 def test_metrics_independent_of_eval_batch_size():
