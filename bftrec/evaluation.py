@@ -4,10 +4,10 @@ Default protocol: **full ranking** over all N items, excluding the user's histor
 target (``eval.exclude_history``): all of them, or with ``eval.exclude_scope=window`` only those in the
 scored window (the last ``max_len``), as the HSTU reference does (``invalid_ids=past_ids`` in its
 ``research/data/eval.py``), which leaves a long history's older items rankable (and a target repeating
-one of them rankable under ``mask``; full ranking only). A target that repeats a
-history item stays rankable with ``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec,
-HSTU repository), which counts as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over
-users (``eval.batch_size``), so memory stays bounded; results do not depend on the chunk size. Under
+one of them rankable under ``mask``; full ranking only). A target that repeats a history item stays
+rankable with ``eval.repeat_target=keep``; with ``mask`` it is excluded too (S3-Rec, HSTU repository),
+which counts as a miss (rank N + 1). Ties are pessimistic. Scoring is chunked over users
+(``eval.batch_size``), so memory stays bounded; results do not depend on the chunk size. Under
 torch.distributed each process scores users ``rank::world_size`` and the tables are gathered, so each
 user is scored once.
 

@@ -71,8 +71,8 @@ Deviations from the reference implementation, each deliberate:
 - Evaluation protocol (``bftrec.evaluation``): the reference excludes from the full ranking only the
   items of the scored window (its last ``max_len``, ``invalid_ids=past_ids`` in
   ``research/data/eval.py``), so a longer history's older items stay candidates (26% of ML-1M's test
-  users have more than 200 history items); here the whole history is excluded by default, and
-  ``eval.exclude_scope=window`` scores as the reference.
+  users have more than 200 history items, results/hstu_time_bias_ml1m); here the whole history is
+  excluded by default, and ``eval.exclude_scope=window`` scores as the reference.
 """
 from __future__ import annotations
 
