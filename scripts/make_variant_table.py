@@ -116,7 +116,8 @@ def expected_missing(runs: list[dict], grid: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True, help="folder searched for metrics.json")
+    ap.add_argument("--runs", type=Path, nargs="+", required=True,
+                    help="folder(s) searched for metrics.json; several: their union (a baseline committed elsewhere)")
     ap.add_argument("--baseline", required=True, help="the tag every other tag is compared with")
     ap.add_argument("--out", type=Path, required=True, help="folder for variants.md and variants.csv")
     ap.add_argument("--grid", type=Path, help="experiment config whose sweep lists the expected cells")

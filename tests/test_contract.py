@@ -541,18 +541,47 @@ def test_hstu_time_bias_needs_timestamps() -> None:
 
 
 def test_hstu_config_errors() -> None:
-    for over in ({"loss": "bce"}, {"attn_norm": "softmax"}, {"temperature": 0.0}):
-        with pytest.raises(ConfigError):
+    for over in ({"loss": "bce"}, {"attn_norm": "softmax"}, {"temperature": 0.0}, {"positions": "start"}):
+        with pytest.raises(ConfigError, match=f"model.{next(iter(over))}") as e:
             Factory(MODELS.get("hstu"), "standard")(**over)
+        assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("over", [{"attn_norm": "valid"}, {"time_bias": False}, {"loss": "ce"}],
-                         ids=["valid_norm", "position_only", "ce"])
+@pytest.mark.parametrize("over", [{"attn_norm": "valid"}, {"time_bias": False}, {"loss": "ce"},
+                                  {"positions": "from_start"}],
+                         ids=["valid_norm", "position_only", "ce", "from_start"])
 def test_hstu_options_keep_the_contract(over: dict) -> None:
     factory = Factory(MODELS.get("hstu"), "standard", **over)
     for check in (check_shapes, check_no_nan_on_padding, check_causality, check_left_padding_invariance,
                   check_gradients):
         check(factory)
+
+
+@pytest.mark.parametrize("layer", ["standard", "bft"])
+def test_hstu_from_start_keeps_the_scoring_shortcut(layer: str) -> None:
+    check_scoring_shortcut(Factory(MODELS.get("hstu"), layer, positions="from_start"))
+
+
+def test_hstu_positions_build_what_they_say() -> None:
+    """from_end: the last column is max_len - 1; from_start: each row's first item is 0, as the reference
+    (positions counted from the oldest item of its window)."""
+    seq = torch.tensor([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]])  # (2, 5), left-padded
+    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
+                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+        m = Factory(MODELS.get("hstu"), "standard", positions=positions, max_len=5)().eval()
+        with torch.no_grad():
+            got = m.embed(seq) - m.item_embedding(seq)  # (2, 5, D): the position part, 0 on padding
+            ref = m.pos_emb(torch.tensor(want)) * seq.ne(0).unsqueeze(-1)
+        torch.testing.assert_close(got, ref, atol=ATOL, rtol=ATOL)
+    end = Factory(MODELS.get("hstu"), "standard", max_len=5)().eval()
+    start = Factory(MODELS.get("hstu"), "standard", max_len=5, positions="from_start")().eval()
+    start.load_state_dict(end.state_dict())  # same weights: only the position rule differs
+    _, score = batches()
+    short = {"item_seq": torch.tensor([[0, 0, 3, 4, 5]]), "time": score["time"][:1, -5:]}
+    full = {"item_seq": torch.tensor([[1, 2, 3, 4, 5]]), "time": score["time"][:1, -5:]}
+    with torch.no_grad():
+        assert not torch.allclose(start.score_items(short)[:, 1:], end.score_items(short)[:, 1:])
+        torch.testing.assert_close(start.score_items(full)[:, 1:], end.score_items(full)[:, 1:], atol=ATOL, rtol=ATOL)
 
 
 def test_hstu_time_bias_is_used() -> None:

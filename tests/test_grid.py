@@ -67,6 +67,22 @@ def test_ml_1m_ts_hstu_recipe_is_ml_1m_s_with_the_time_bias():
     assert g["trainer"].min_epochs == g["trainer"].epochs == 101 and g["model"].time_bias is False
 
 
+def test_hstu_positions_experiment_is_the_fixed_budget_recipe_with_from_start():
+    """experiment=hstu_positions_ml1m changes only model.positions (and its tag) against the committed fixed-budget
+    ML-1M runs' recipe: the tuned ml-1m_hstu config at the reference's 101 epochs."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=hstu_positions_ml1m", "dataset=ml-1m",
+                                          "model.positions=from_start"])
+        base = compose("train", overrides=["dataset=ml-1m", "model=hstu", "layer=standard", "trainer.min_epochs=101"])
+    g = typed_groups(cfg)
+    check_tuned(g["root"].tuned_config, "ml-1m", "hstu", g["root"].require_tuned)
+    assert g["trainer"].min_epochs == g["trainer"].epochs == 101 and g["model"].positions == "from_start"
+    assert g["root"].tag == "positions=from_start"
+    diff = config_diff(OmegaConf.to_container(base["model"], resolve=True),
+                       OmegaConf.to_container(cfg["model"], resolve=True))
+    assert list(diff) == ["positions"], diff
+
+
 def test_missing_tuned_config_is_refused():
     check_tuned("office_sasrec", "office", "sasrec", True)
     check_tuned("", "office", "sasrec", False)  # outside grids a tuned file is optional

@@ -34,9 +34,10 @@ normaliser, in the reference as here.
 Deviations from the reference implementation, each deliberate:
 - Left-padded dense tensors with an explicit causal ∧ key-valid mask instead of jagged tensors
   (the reference zeroes padded v instead: the same output). Positions are counted from the right
-  (last column = ``max_len - 1``), the convention of every backbone here, so the scoring position
-  always has the same embedding; the reference counts from the oldest item of the window (the
-  two agree for windows of ``max_len`` items).
+  by default (``model.positions=from_end``: last column = ``max_len - 1``), the default of every
+  backbone here, so the scoring position always has the same embedding; the reference counts from
+  the oldest item of the window, ``model.positions=from_start`` (the two agree for windows of
+  ``max_len`` items; on ML-1M, results/hstu_positions_ml1m).
 - The time gap of key ``j`` is measured from the *query's own* timestamp ``τ_t``. The reference
   uses the timestamp of the item *after* the query (the target's time at the last position), which
   the history windows here do not carry; ours never reads a target's timestamp. Without
@@ -95,6 +96,7 @@ from bftrec.models.base import (
     next_item_loss,
     next_item_targets,
 )
+from bftrec.models.sasrec import POSITIONS, position_ids
 
 ATTN_NORMS = ("max_len", "valid")
 TIME_BUCKET_DIVISOR = 0.301  # reference bucketisation: floor(ln(max(|Δt|, 1)) / 0.301)
@@ -120,6 +122,7 @@ class HSTUConfig:
     time_bias: bool = True          # add the bucketed log time-gap bias (needs timestamps)
     n_time_buckets: int = 128       # time-gap buckets (the bias table has n_time_buckets + 1 rows)
     temperature: float = 0.05       # logits = cosine / temperature in the training loss
+    positions: str = "from_end"     # from_end: last column = max_len - 1 | from_start: first item kept = 0 (reference)
 
 
 def time_buckets(gap: torch.Tensor, n_buckets: int) -> torch.Tensor:
@@ -243,8 +246,8 @@ class HSTU(SeqRecModel):
     """HSTU backbone: causal next-item model with cosine scores.
 
     Raises:
-        ConfigError: ``time_bias=true`` on data without timestamps; bad ``attn_norm``, ``loss=bce``,
-            ``temperature <= 0``, ``n_time_buckets < 1``; or a shared check (``check_common``) fails.
+        ConfigError: ``time_bias=true`` on data without timestamps; bad ``attn_norm`` or ``positions``,
+            ``loss=bce``, ``temperature <= 0``, ``n_time_buckets < 1``; or a shared check (``check_common``) fails.
     """
 
     Config = HSTUConfig
@@ -255,6 +258,7 @@ class HSTU(SeqRecModel):
         super().__init__()
         check_common(cfg, info.n_items)
         check_choice(cfg.attn_norm, ATTN_NORMS, "model.attn_norm")
+        check_choice(cfg.positions, POSITIONS, "model.positions")
         check_choice(cfg.loss, ("sampled_softmax", "ce"), "model.loss")
         if cfg.temperature <= 0:
             raise ConfigError(f"model.temperature={cfg.temperature} must be > 0")
@@ -298,10 +302,10 @@ class HSTU(SeqRecModel):
         return self.item_emb(item_seq) * math.sqrt(self.cfg.d_model)
 
     def embed(self, item_seq: torch.Tensor) -> torch.Tensor:
-        """item_seq (B, L) int64 -> (B, L, D) float, 0 on padding; the last column is position max_len - 1."""
-        L = item_seq.shape[1]
-        pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
-        h = self.item_embedding(item_seq) + self.pos_emb(pos)[None]
+        """item_seq (B, L) int64, left-padded -> (B, L, D) float, 0 on padding. ``positions=from_end``: the
+        last column is position max_len - 1; ``from_start``: each row's first item is position 0 (reference)."""
+        pos = self.pos_emb(position_ids(item_seq, self.cfg.max_len, self.cfg.positions))  # (1 or B, L, D)
+        h = self.item_embedding(item_seq) + pos
         return self.emb_drop(h) * item_seq.ne(0).unsqueeze(-1)
 
     def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
