@@ -584,6 +584,18 @@ def test_hstu_positions_build_what_they_say() -> None:
         torch.testing.assert_close(start.score_items(full)[:, 1:], end.score_items(full)[:, 1:], atol=ATOL, rtol=ATOL)
 
 
+def test_hstu_relative_bias_rows_match_the_full_table() -> None:
+    """RelativeBias(Tq) computes the last Tq query rows of the full (T, T) bias (the scoring shortcut's path)."""
+    from bftrec.models.hstu import RelativeBias
+
+    torch.manual_seed(0)
+    rab = RelativeBias(max_len=12, n_time_buckets=16, init_std=0.02)
+    time = batches()[1]["time"]  # (B, L) int64
+    full = rab(time.shape[1], time, time.device)  # (B, 1, L, L)
+    for Tq in (1, 3):
+        torch.testing.assert_close(rab(time.shape[1], time, time.device, Tq), full[..., -Tq:, :], atol=0, rtol=0)
+
+
 def test_hstu_time_bias_is_used() -> None:
     """Changing a past timestamp changes the scores (the time bias is wired through the stack)."""
     model = Factory(MODELS.get("hstu"), "standard")().eval()

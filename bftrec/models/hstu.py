@@ -144,16 +144,19 @@ class RelativeBias(nn.Module):
         self.pos_w = nn.Parameter(torch.randn(max_len) * init_std)
         self.time_w = nn.Parameter(torch.randn(n_time_buckets + 1) * init_std) if n_time_buckets > 0 else None
 
-    def forward(self, T: int, time: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """-> (1 or B, 1, T, T) float bias; ``time`` (B, T) int64 unix seconds or None."""
+    def forward(self, T: int, time: Optional[torch.Tensor], device: torch.device,
+                Tq: Optional[int] = None) -> torch.Tensor:
+        """-> (1 or B, 1, Tq, T) float bias of the last ``Tq`` query positions (default all T) over all T keys;
+        ``time`` (B, T) int64 unix seconds or None. Only the rows asked for are computed (scoring: Tq = 1)."""
+        Tq = T if Tq is None else Tq
         idx = torch.arange(T, device=device)
-        dist = (idx[:, None] - idx[None, :]).clamp(0, self.max_len - 1)  # (T, T); t < j is masked anyway
-        bias = self.pos_w[dist][None, None]  # (1, 1, T, T)
+        dist = (idx[T - Tq:, None] - idx[None, :]).clamp(0, self.max_len - 1)  # (Tq, T); t < j is masked anyway
+        bias = self.pos_w[dist][None, None]  # (1, 1, Tq, T)
         if self.time_w is not None:
             if time is None:
                 raise ValueError("hstu with model.time_bias=true needs batch['time'] (B, L) int64")
-            bucket = time_buckets(time[:, :, None] - time[:, None, :], self.n_time_buckets)  # (B, T, T)
-            bias = bias + self.time_w[bucket][:, None]  # (B, 1, T, T)
+            bucket = time_buckets(time[:, T - Tq:, None] - time[:, None, :], self.n_time_buckets)  # (B, Tq, T)
+            bias = bias + self.time_w[bucket][:, None]  # (B, 1, Tq, T)
         return bias
 
 
@@ -191,7 +194,7 @@ class PointwiseAttention(nn.Module):
         an all-zero row, never NaN.
         """
         T, Tq = k.shape[2], q.shape[2]  # queries are the last Tq positions (Tq < T: ``last_only``)
-        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device)[..., T - Tq:, :].to(q.dtype)  # (B, H, Tq, T)
+        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device, Tq).to(q.dtype)  # (B, H, Tq, T)
         if self.attn_norm == "valid":
             n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, Tq, 1)
         else:
