@@ -89,7 +89,7 @@ INITS = ("normal", "xavier_normal")
 def position_ids(item_seq: torch.Tensor, max_len: int, positions: str) -> torch.Tensor:
     """Learned-position ids of a left-padded ``item_seq`` (B, L) int64, L <= max_len: ``from_end`` -> (1, L)
     int64, the last column max_len - 1; ``from_start`` -> (B, L) int64, each row's first non-padding token 0
-    (padding gets 0 too; callers zero it). Shared by SASRec and BERT4Rec (``model.positions``)."""
+    (padding gets 0 too; callers zero it). Shared by SASRec, BERT4Rec and HSTU (``model.positions``)."""
     L = item_seq.shape[1]
     if positions == "from_end":
         return torch.arange(max_len - L, max_len, device=item_seq.device)[None]  # (1, L)
