@@ -562,12 +562,16 @@ def test_hstu_from_start_keeps_the_scoring_shortcut(layer: str) -> None:
     check_scoring_shortcut(Factory(MODELS.get("hstu"), layer, positions="from_start"))
 
 
+# position ids each ``model.positions`` rule gives a left-padded (2, 5) batch ([[0, 0, x, x, x], [x, x, x, x, x]])
+POSITION_RULES = (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
+                  ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]))
+
+
 def test_hstu_positions_build_what_they_say() -> None:
     """from_end: the last column is max_len - 1; from_start: each row's first item is 0, as the reference
     (positions counted from the oldest item of its window)."""
     seq = torch.tensor([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]])  # (2, 5), left-padded
-    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
-                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+    for positions, want in POSITION_RULES:
         m = Factory(MODELS.get("hstu"), "standard", positions=positions, max_len=5)().eval()
         with torch.no_grad():
             got = m.embed(seq) - m.item_embedding(seq)  # (2, 5, D): the position part, 0 on padding
@@ -632,8 +636,7 @@ def test_sasrec_conventions_build_what_they_say() -> None:
     assert all(type(b) is BERT4RecBlock for b in post.stack.blocks) and not hasattr(post, "final_ln")
     # positions: from_end puts the last item at max_len - 1; from_start puts each row's first item at 0
     seq = torch.tensor([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]])  # (2, 5), left-padded
-    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
-                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+    for positions, want in POSITION_RULES:
         m = Factory(MODELS.get("sasrec"), "standard", positions=positions, emb_scale=False, max_len=5)().eval()
         with torch.no_grad():
             got = m.embed(seq) - m.item_emb(seq)  # (2, 5, D): the position part, 0 on padding
@@ -655,8 +658,7 @@ def test_bert4rec_positions_build_what_they_say() -> None:
     """from_end: the last column is max_len - 1; from_start: each row's first token (item or [MASK]) is 0,
     whatever the left padding, as both references (Sun et al.'s and Klenitskiy & Vasilev's code)."""
     seq = torch.tensor([[0, 0, 3, 4, 9], [1, 2, 3, 4, 9]])  # (2, 5), left-padded; 9 stands for any token
-    for positions, want in (("from_end", [[0, 0, 2, 3, 4], [0, 1, 2, 3, 4]]),
-                            ("from_start", [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])):
+    for positions, want in POSITION_RULES:
         m = Factory(MODELS.get("bert4rec"), "standard", positions=positions, max_len=5)().eval()
         with torch.no_grad():
             ref = m.emb_ln(m.item_emb(seq) + m.pos_emb(torch.tensor(want))) * seq.ne(0).unsqueeze(-1)
