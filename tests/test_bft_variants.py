@@ -216,7 +216,8 @@ def _hstu_outputs(m, batch: dict, seed: int, saved: dict) -> dict:
     h = m.encode(inputs, t_in, mech=mech)
     restore(m, saved)
     torch.manual_seed(seed)
-    _, lam = m.stack.forward_with_precision(m.embed(inputs), inputs, build_masks(inputs, True), time=t_in)
+    _, lam = m.stack.forward_with_precision(m.embed(inputs), inputs, build_masks(inputs, True),
+                                          **m.block_context(t_in))
     logits = h @ m.item_table().t() / m.cfg.temperature  # (B, L, N + 1)
     ce = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, L)
     out = {"h": h, "lam": lam, "ce": ce, "lam0": mech["lam0"]}
@@ -433,7 +434,8 @@ def test_all_padding_rows_have_no_nan(name):
     x, t = train["seq"][:, :-1], train["time"][:, :-1]
     mech: dict = {}
     with torch.no_grad():
-        h, lam = m.stack.forward_with_precision(m.embed(x), x, build_masks(x, m.causal), mech=mech, time=t)
+        h, lam = m.stack.forward_with_precision(m.embed(x), x, build_masks(x, m.causal), mech=mech,
+                                                **m.block_context(t))
         s = m.score_items({"item_seq": x, "time": t})
     pad = x == 0
     assert torch.isfinite(h).all() and torch.isfinite(lam).all() and (lam[pad] == 0).all() and (lam[~pad] > 0).all()
@@ -500,7 +502,8 @@ def test_detach_precision_grad(name):
     masks = build_masks(x["item_seq"], full.causal)
     for m in (full, det):
         m.eval()
-        _, lam = m.stack.forward_with_precision(m.embed(x["item_seq"]), x["item_seq"], masks, time=x["time"])
+        _, lam = m.stack.forward_with_precision(m.embed(x["item_seq"]), x["item_seq"], masks,
+                                                **m.block_context(x["time"]))
         lam[masks.valid].log().sum().backward()
     grads = [p.grad for n, p in det.named_parameters() if ".blocks." in n and "theta_q" not in n]
     assert all(g is None or not g.any() for g in grads)
@@ -521,7 +524,7 @@ def test_precision_is_float32_under_autocast(name):
     mech: dict = {}
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         h, lam = m.stack.forward_with_precision(m.embed(x["item_seq"]), x["item_seq"], masks, mech=mech,
-                                                time=x["time"])
+                                                **m.block_context(x["time"]))
     assert lam.dtype == torch.float32 and all(la["K"].dtype == torch.float32 for la in mech["layers"])
     assert torch.isfinite(lam).all() and torch.isfinite(h.float()).all() and (lam[masks.valid] > 0).all()
 

@@ -589,15 +589,21 @@ def test_hstu_positions_build_what_they_say() -> None:
 
 
 def test_hstu_relative_bias_rows_match_the_full_table() -> None:
-    """RelativeBias(Tq) computes the last Tq query rows of the full (T, T) bias (the scoring shortcut's path)."""
-    from bftrec.models.hstu import RelativeBias
+    """RelativeBias(Tq) computes the last Tq query rows of the full (T, T) bias (the scoring shortcut's path),
+    and the full table is pos_w[t - j] + time_w[bucket(τ_t - τ_j)] for each query t and key j."""
+    from bftrec.models.hstu import RelativeBias, time_buckets
 
     torch.manual_seed(0)
     rab = RelativeBias(max_len=12, n_time_buckets=16, init_std=0.02)
     time = batches()[1]["time"]  # (B, L) int64
-    full = rab(time.shape[1], time, time.device)  # (B, 1, L, L)
+    bucket = time_buckets(time[:, :, None] - time[:, None, :], 16)  # (B, L, L)
+    full = rab(time.shape[1], bucket, time.device)  # (B, 1, L, L)
     for Tq in (1, 3):
-        torch.testing.assert_close(rab(time.shape[1], time, time.device, Tq), full[..., -Tq:, :], atol=0, rtol=0)
+        torch.testing.assert_close(rab(time.shape[1], bucket, time.device, Tq), full[..., -Tq:, :], atol=0, rtol=0)
+    L = time.shape[1]
+    for t, j in ((L - 1, 0), (L - 1, L - 2), (3, 1)):
+        want = rab.pos_w[t - j] + rab.time_w[time_buckets(time[:, t] - time[:, j], 16)]  # (B,)
+        torch.testing.assert_close(full[:, 0, t, j], want, atol=0, rtol=0)
 
 
 def test_hstu_time_bias_is_used() -> None:

@@ -95,6 +95,12 @@ class SeqRecModel(nn.Module):
         """
         raise NotImplementedError
 
+    def block_context(self, timestamps: Optional[torch.Tensor]) -> dict:
+        """Per-batch tensors every block reads, computed once per forward from ``timestamps`` (B, L) int64
+        or None and handed to the stack as keyword arguments (HSTU: the (B, T, T) time-bucket table);
+        ``{}`` here: no block of SASRec or BERT4Rec reads any."""
+        return {}
+
     def training_loss(self, batch: dict) -> torch.Tensor:
         """Scalar float loss of one training batch (``seq`` (B, L + 1) int64, ``time`` (B, L + 1) int64
         or absent, ``last_target_only`` for ``prefix_training`` backbones); the backbone owns its

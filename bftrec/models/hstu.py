@@ -18,7 +18,8 @@ One HSTU block (no separate FFN)::
 
 ``rab_tj`` = a learned bias per relative position ``t - j`` (clipped at ``max_len - 1``) plus, when
 the data has timestamps, a learned bias per bucket ``floor(ln(max(|τ_t - τ_j|, 1)) / 0.301)``
-(clipped at ``n_time_buckets``), shared by the heads; each block has its own tables. ``N_t`` is the
+(clipped at ``n_time_buckets``), shared by the heads; each block has its own tables (the buckets
+themselves are computed once per forward, ``HSTU.block_context``). ``N_t`` is the
 fixed ``max_len`` (``attn_norm=max_len``) or the number of keys position ``t`` may see
 (``attn_norm=valid``). Embedding: ``item_emb * sqrt(D) + pos_emb`` with dropout; output: the last
 block's states, L2-normalised (eps 1e-6). Items are scored by cosine similarity; the training loss
@@ -77,6 +78,7 @@ Deviations from the reference implementation, each deliberate:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -125,10 +127,40 @@ class HSTUConfig:
     positions: str = "from_end"     # from_end: last column = max_len - 1 | from_start: first item kept = 0 (reference)
 
 
+def _reference_buckets(gap: torch.Tensor, n_buckets: int) -> torch.Tensor:
+    """The reference's formula, evaluated per pair: ``floor(ln(max(|gap|, 1)) / 0.301)`` clipped to
+    ``[0, n_buckets]`` (int64). ``time_buckets`` gives the same integers from precomputed boundaries."""
+    return (gap.abs().clamp(min=1).double().log() / TIME_BUCKET_DIVISOR).long().clamp(0, n_buckets)
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket_starts(n_buckets: int) -> torch.Tensor:
+    """(min(n_buckets, 142),) int64: the smallest gap in seconds of each bucket 1, 2, ... under the
+    reference's formula, found by bisection on ``_reference_buckets`` itself (buckets above 142 start
+    beyond 2^62 s, and are left out)."""
+    b = torch.arange(1, min(n_buckets, 142) + 1)  # (n,) int64
+    guess = torch.exp(b.double() * TIME_BUCKET_DIVISOR).long()  # within float64 rounding of the start
+    lo = (guess - guess // 2**20 - 4).clamp(min=1)  # bucket(lo) < b <= bucket(hi), checked
+    hi = guess + guess // 2**20 + 4
+    if (_reference_buckets(lo, n_buckets) >= b).any() or (_reference_buckets(hi, n_buckets) < b).any():
+        raise RuntimeError("time-bucket starts not bracketed by exp(0.301 b) +- 1e-6")
+    while (hi - lo > 1).any():
+        mid = (lo + hi) // 2
+        up = _reference_buckets(mid, n_buckets) >= b
+        hi, lo = torch.where(up, mid, hi), torch.where(up, lo, mid)
+    return hi
+
+
 def time_buckets(gap: torch.Tensor, n_buckets: int) -> torch.Tensor:
     """The reference's bucket of a time gap: ``floor(ln(max(|gap|, 1)) / 0.301)``, clipped to
-    ``[0, n_buckets]``. ``gap``: int64 seconds, any shape; returns int64 of the same shape."""
-    return (gap.abs().clamp(min=1).double().log() / TIME_BUCKET_DIVISOR).long().clamp(0, n_buckets)
+    ``[0, n_buckets]``. ``gap``: int64 seconds, any shape; returns int64 of the same shape.
+
+    Computed as the number of bucket starts at or below ``|gap|`` (``torch.bucketize`` on the integer
+    starts of ``_bucket_starts``): the same integers as the formula for any gap below 2^62 s, without a
+    float64 logarithm per pair of a (B, T, T) table.
+    """
+    starts = _bucket_starts(n_buckets).to(gap.device)
+    return torch.bucketize(gap.abs(), starts, right=True)
 
 
 class RelativeBias(nn.Module):
@@ -144,19 +176,19 @@ class RelativeBias(nn.Module):
         self.pos_w = nn.Parameter(torch.randn(max_len) * init_std)
         self.time_w = nn.Parameter(torch.randn(n_time_buckets + 1) * init_std) if n_time_buckets > 0 else None
 
-    def forward(self, T: int, time: Optional[torch.Tensor], device: torch.device,
+    def forward(self, T: int, time_bucket: Optional[torch.Tensor], device: torch.device,
                 Tq: Optional[int] = None) -> torch.Tensor:
         """-> (1 or B, 1, Tq, T) float bias of the last ``Tq`` query positions (default all T) over all T keys;
-        ``time`` (B, T) int64 unix seconds or None. Only the rows asked for are computed (scoring: Tq = 1)."""
+        ``time_bucket`` (B, T, T) int64 (``HSTU.block_context``) or None. Only the rows asked for are
+        gathered (scoring: Tq = 1)."""
         Tq = T if Tq is None else Tq
         idx = torch.arange(T, device=device)
         dist = (idx[T - Tq:, None] - idx[None, :]).clamp(0, self.max_len - 1)  # (Tq, T); t < j is masked anyway
         bias = self.pos_w[dist][None, None]  # (1, 1, Tq, T)
         if self.time_w is not None:
-            if time is None:
+            if time_bucket is None:
                 raise ValueError("hstu with model.time_bias=true needs batch['time'] (B, L) int64")
-            bucket = time_buckets(time[:, T - Tq:, None] - time[:, None, :], self.n_time_buckets)  # (B, Tq, T)
-            bias = bias + self.time_w[bucket][:, None]  # (B, 1, Tq, T)
+            bias = bias + self.time_w[time_bucket[:, T - Tq:]][:, None]  # (B, Tq, T) -> (B, 1, Tq, T)
         return bias
 
 
@@ -186,7 +218,7 @@ class PointwiseAttention(nn.Module):
         return u, q, k, v
 
     def weights(self, q: torch.Tensor, k: torch.Tensor, masks: Masks,
-                time: Optional[torch.Tensor]) -> torch.Tensor:
+                time_bucket: Optional[torch.Tensor]) -> torch.Tensor:
         """Pointwise weights ``SiLU(q kᵀ + rab) / N_t`` -> (B, H, Tq, T) float, exactly 0 where masked.
 
         q (B, H, Tq, d) holds the last Tq positions' queries (Tq = T, or 1 under ``last_only``), k (B, H, T, d)
@@ -194,14 +226,14 @@ class PointwiseAttention(nn.Module):
         an all-zero row, never NaN.
         """
         T, Tq = k.shape[2], q.shape[2]  # queries are the last Tq positions (Tq < T: ``last_only``)
-        s = q @ k.transpose(-2, -1) + self.rab(T, time, q.device, Tq).to(q.dtype)  # (B, H, Tq, T)
+        s = q @ k.transpose(-2, -1) + self.rab(T, time_bucket, q.device, Tq).to(q.dtype)  # (B, H, Tq, T)
         if self.attn_norm == "valid":
             n = masks.attn.sum(dim=-1, keepdim=True).clamp(min=1).to(q.dtype)  # (B, 1, Tq, 1)
         else:
             n = float(self.max_len)
         return (F.silu(s) / n).masked_fill(~masks.attn, 0.0)
 
-    def forward(self, x: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None,
+    def forward(self, x: torch.Tensor, masks: Masks, time_bucket: Optional[torch.Tensor] = None,
                 last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> m (B, T', D) attention output (heads concatenated) and gate u (B, T', D);
         T' = T, or 1 with ``last_only`` (only the last position queries; keys and values are all T)."""
@@ -209,7 +241,7 @@ class PointwiseAttention(nn.Module):
         if last_only:
             u, q = u[:, -1:], q[:, :, -1:]  # (B, 1, D), (B, H, 1, d)
             masks = Masks(attn=masks.attn[:, :, -1:], valid=masks.valid)  # (B, 1, 1, T)
-        w = self.weights(q, k, masks, time)  # (B, H, T', T)
+        w = self.weights(q, k, masks, time_bucket)  # (B, H, T', T)
         m = self.attn_drop(w) @ v  # (B, H, T', d)
         B, H, T, d = m.shape
         return m.transpose(1, 2).reshape(B, T, H * d), u  # (B, H, T', d) -> (B, T', D)
@@ -220,8 +252,9 @@ class HSTUBlock(nn.Module):
 
     Submodules: ``ln1``, ``attn.uvqk``, ``attn.rab.pos_w``, ``attn.rab.time_w``, ``ln2`` (norm of m),
     ``f2`` (output projection: Xavier-uniform weight, PyTorch's default bias, as the reference). LN eps
-    ``LN_EPS``. ``forward(h, masks, time=None, last_only=False)``: ``time`` (B, L) int64 unix seconds,
-    required when the block was built with time buckets; ``last_only`` returns the last position alone.
+    ``LN_EPS``. ``forward(h, masks, time_bucket=None, last_only=False)``: ``time_bucket`` (B, L, L) int64
+    (``HSTU.block_context``), required when the block was built with time buckets; ``last_only`` returns
+    the last position alone.
     The block initialises itself (the model does not re-init it).
     """
 
@@ -236,11 +269,11 @@ class HSTUBlock(nn.Module):
         nn.init.xavier_uniform_(self.f2.weight)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, masks: Masks, time: Optional[torch.Tensor] = None,
+    def forward(self, h: torch.Tensor, masks: Masks, time_bucket: Optional[torch.Tensor] = None,
                 last_only: bool = False, **ctx) -> torch.Tensor:
         """h (B, L, D) float, masks.attn (B, 1, L, L) causal & key-valid -> (B, L, D), or (B, 1, D) for
         the last position only with ``last_only``."""
-        m, u = self.attn(self.ln1(h), masks, time, last_only)
+        m, u = self.attn(self.ln1(h), masks, time_bucket, last_only)
         return (h[:, -1:] if last_only else h) + self.f2(self.drop(self.ln2(m) * u))
 
 
@@ -327,13 +360,25 @@ class HSTU(SeqRecModel):
             ValueError: ``time_bias=true`` and ``timestamps`` is None.
         """
         item_seq = item_seq[:, -self.cfg.max_len:]
-        time = timestamps[:, -self.cfg.max_len:] if (self.cfg.time_bias and timestamps is not None) else None
-        if self.cfg.time_bias and time is None:
-            raise ValueError("hstu with model.time_bias=true needs timestamps (batch['time'])")
         masks = build_masks(item_seq, causal=True)
-        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, time=time, tau_input=self.item_embedding,
-                       last_only=last_only)
+        h = self.stack(self.embed(item_seq), item_seq, masks, mech=mech, tau_input=self.item_embedding,
+                       last_only=last_only, **self.block_context(timestamps))
         return F.normalize(h, dim=-1, eps=1e-6)
+
+    def block_context(self, timestamps: Optional[torch.Tensor]) -> dict:
+        """``{"time_bucket": (B, T, T) int64}``, the time-gap bucket of every query-key pair of the last
+        ``T = min(L, max_len)`` columns of ``timestamps`` (B, L) int64 unix seconds, computed once per forward
+        and read by every block's ``RelativeBias``; ``{}`` with ``time_bias=false``.
+
+        Raises:
+            ValueError: ``time_bias=true`` and ``timestamps`` is None.
+        """
+        if not self.cfg.time_bias:
+            return {}
+        if timestamps is None:
+            raise ValueError("hstu with model.time_bias=true needs timestamps (batch['time'])")
+        time = timestamps[:, -self.cfg.max_len:]  # (B, T)
+        return {"time_bucket": time_buckets(time[:, :, None] - time[:, None, :], self.cfg.n_time_buckets)}
 
     def item_table(self) -> torch.Tensor:
         """(N + 1, D) float L2-normalised item embeddings (row 0 stays 0)."""

@@ -67,8 +67,9 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
         self.init_bft(d_model, n_heads, bft_cfg)
 
     def forward(self, h: torch.Tensor, lam: torch.Tensor, masks: Masks, run: Optional[LayerRun] = None,
-                time: Optional[torch.Tensor] = None, **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
-        """One filtering cycle; same contract as ``BFTSASRecBlock.forward`` (plus HSTU's ``time`` (B, T) int64).
+                time_bucket: Optional[torch.Tensor] = None, **ctx) -> tuple[torch.Tensor, Optional[torch.Tensor], dict]:
+        """One filtering cycle; same contract as ``BFTSASRecBlock.forward`` (plus HSTU's ``time_bucket``
+        (B, T, T) int64).
 
         ``masks.attn`` must be causal ∧ key-valid (``build_masks(causal=True)``): the relative-reliability
         mean runs over the valid keys ``j ≤ t``.
@@ -89,7 +90,7 @@ class BFTHSTUBlock(BFTBlockMixin, HSTUBlock):
 
         # ---- observe: relative reliability and the sandwich estimator (BFT.md §4)
         u, q, k, v = self.attn.project(self.ln1(h))  # u (B, T, D); q, k, v (B, H, T, d)
-        w = self.attn.weights(q, k, masks, time)  # (B, H, T, T), 0 where masked
+        w = self.attn.weights(q, k, masks, time_bucket)  # (B, H, T, T), 0 where masked
         with fp32(dev):
             wt = w.float()
             if learned:
