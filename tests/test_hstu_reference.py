@@ -86,3 +86,11 @@ def test_block_context_is_the_bucket_table_once():
     with pytest.raises(ValueError, match=r"batch\['time'\]"):
         model.block_context(None)
     assert _hstu().block_context(t) == {}
+
+
+def test_time_buckets_refuse_float_gaps():
+    """Float gaps would be bucketed differently from the formula below 2 s: refused in one line."""
+    from bftrec.models.hstu import time_buckets
+
+    with pytest.raises(TypeError, match="integer seconds"):
+        time_buckets(torch.tensor([1.5]), 128)

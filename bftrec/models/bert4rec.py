@@ -122,7 +122,7 @@ class BERT4RecBlock(nn.Module):
 
     def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
         """h (B, L, D) float -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``;
-        ``ctx`` (e.g. ``time``) is unused."""
+        ``ctx`` (e.g. HSTU's ``time_bucket``) is unused."""
         a = self.attn(h, masks, last_only)  # (B, L or 1, D)
         h = self.ln1((h[:, -1:] if last_only else h) + self.drop(a))
         return self.ln2(h + self.drop(self.ffn(h)))

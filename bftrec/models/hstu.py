@@ -159,7 +159,9 @@ def time_buckets(gap: torch.Tensor, n_buckets: int) -> torch.Tensor:
     starts of ``_bucket_starts``): the same integers as the formula for any gap below 2^62 s, without a
     float64 logarithm per pair of a (B, T, T) table.
     """
-    starts = _bucket_starts(n_buckets).to(gap.device)
+    if gap.is_floating_point():
+        raise TypeError(f"time gaps must be integer seconds (int64), got {gap.dtype}; cast the timestamps with .long()")
+    starts = _bucket_starts(n_buckets).to(gap.device, copy=True)  # a copy: the cached starts stay untouched
     return torch.bucketize(gap.abs(), starts, right=True)
 
 
@@ -252,9 +254,9 @@ class HSTUBlock(nn.Module):
 
     Submodules: ``ln1``, ``attn.uvqk``, ``attn.rab.pos_w``, ``attn.rab.time_w``, ``ln2`` (norm of m),
     ``f2`` (output projection: Xavier-uniform weight, PyTorch's default bias, as the reference). LN eps
-    ``LN_EPS``. ``forward(h, masks, time_bucket=None, last_only=False)``: ``time_bucket`` (B, L, L) int64
-    (``HSTU.block_context``), required when the block was built with time buckets; ``last_only`` returns
-    the last position alone.
+    ``LN_EPS``. ``forward(h, masks, time_bucket=None, last_only=False)``: ``time_bucket`` (B, L, L) int64 over
+    the L positions the block sees (``HSTU.block_context``), required when the block was built with time
+    buckets; ``last_only`` returns the last position alone.
     The block initialises itself (the model does not re-init it).
     """
 
