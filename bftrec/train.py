@@ -591,17 +591,26 @@ def _hydra_main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:
+        # One grid cell run without -m (a grid config's run dir is its sweep layout): the same ledger line.
+        in_grid = cfg.get("skip_finished") and out_dir.resolve().is_relative_to(Path(hc.sweep.dir).resolve())
         with one_line_errors("bftrec-train"):
-            run(cfg, out_dir)
+            _grid_cell(cfg, out_dir, hc, single=True) if in_grid else run(cfg, out_dir)
         return
-    # Grid cell: one ledger line per cell says what ran where (bftrec.grid). A failed cell raises a
-    # normal exception, so the launcher finishes the other cells and Hydra reports it at the end.
+    _grid_cell(cfg, out_dir, hc)
+
+
+def _grid_cell(cfg: DictConfig, out_dir: Path, hc, single: bool = False) -> None:
+    """Run one grid cell and append its ledger line to ``<sweep dir>/ledger.jsonl`` (bftrec.grid), whatever
+    the outcome. In a sweep a user error raises ``CellFailed``, so the launcher finishes the other cells and
+    Hydra reports it at the end; run alone (``single``) it is re-raised for a one-line error."""
     report: dict = {"status": "failed"}
     started = datetime.now()
     try:
         run(cfg, out_dir, report)
     except USER_ERRORS as e:
         report["error"] = one_line(e)
+        if single:
+            raise
         log.error("cell failed: %s", report["error"] if str(out_dir) in report["error"]
                   else f"{out_dir}: {report['error']}")
         raise CellFailed(f"{out_dir}: {report['error']}") from None

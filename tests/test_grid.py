@@ -152,6 +152,27 @@ def test_grid_writes_ledger_through_hydra_multirun(tmp_path):
     assert "dataset=synthetic" in ledger[0]["overrides"] and ledger[0]["git_sha"] is not None
 
 
+def test_a_grid_cell_run_without_multirun_writes_its_ledger_line(tmp_path):
+    """``bftrec-train experiment=paper/cpu <one cell>`` (no -m) runs into the grid layout and appends the
+    same ledger line a sweep would, so scripts/collect_cells.py can take the cell; a bad cell fails in one
+    line and is logged as failed."""
+    def one_cell(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "experiment=paper/cpu", "debug=smoke",
+             "dataset=synthetic", "layer=standard", "seed=0", *extra, f"out_root={tmp_path}",
+             f"cache_dir={tmp_path / 'cache'}"], capture_output=True, text=True, timeout=300)
+
+    out = one_cell("model=sasrec")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "runs" / "synthetic" / "sasrec" / "standard" / "seed0" / "metrics.json").exists()
+    bad = one_cell("model=bert4rec")  # no tuned file for synthetic bert4rec
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "was not applied" in bad.stderr, bad.stderr
+    ledger = [json.loads(x) for x in (tmp_path / "runs" / "ledger.jsonl").read_text().splitlines()]
+    assert [(x["cell"], x["status"]) for x in ledger] == [("synthetic/sasrec/standard/seed0", "ran"),
+                                                          ("synthetic/bert4rec/standard/seed0", "failed")]
+    assert "dataset=synthetic" in ledger[0]["overrides"] and "was not applied" in ledger[1]["error"]
+
+
 def test_failed_cell_does_not_stop_the_grid(tmp_path):
     """bert4rec has no tuned file for synthetic: that cell fails (ledger says why), sasrec still runs."""
     out = _grid_cli(tmp_path, "debug=smoke", "dataset=synthetic", "model=bert4rec,sasrec", "layer=standard",
