@@ -594,7 +594,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         # One grid cell run without -m (a grid config's run dir is its sweep layout): the same ledger line.
         in_grid = cfg.get("skip_finished") and out_dir.resolve().is_relative_to(Path(hc.sweep.dir).resolve())
         with one_line_errors("bftrec-train"):
-            _grid_cell(cfg, out_dir, hc, single=True) if in_grid else run(cfg, out_dir)
+            if in_grid:
+                _grid_cell(cfg, out_dir, hc, single=True)
+            else:
+                run(cfg, out_dir)
         return
     _grid_cell(cfg, out_dir, hc)
 

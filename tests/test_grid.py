@@ -19,11 +19,13 @@ GRIDS = {"main": 108, "cpu": 108, "main_units": 9}
 LAYERS = {"main": ["bft", "standard"], "cpu": ["bft", "bft_h", "standard"], "main_units": ["bft_h"]}
 
 
-def _grid_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    """``bftrec-train -m experiment=paper/cpu <overrides>`` into tmp_path, one job at a time."""
+def _grid_cli(tmp_path, *overrides: str, multirun: bool = True) -> subprocess.CompletedProcess:
+    """``bftrec-train -m experiment=paper/cpu <overrides>`` into tmp_path, one job at a time (``multirun=False``:
+    without -m, one cell)."""
+    sweep = ["-m", "hydra.launcher.n_jobs=1"] if multirun else []
     return subprocess.run(
-        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "-m", "experiment=paper/cpu",
-         *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", "hydra.launcher.n_jobs=1"],
+        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", *sweep[:1], "experiment=paper/cpu",
+         *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", *sweep[1:]],
         capture_output=True, text=True, timeout=300)
 
 
@@ -157,10 +159,8 @@ def test_a_grid_cell_run_without_multirun_writes_its_ledger_line(tmp_path):
     same ledger line a sweep would, so scripts/collect_cells.py can take the cell; a bad cell fails in one
     line and is logged as failed."""
     def one_cell(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", "experiment=paper/cpu", "debug=smoke",
-             "dataset=synthetic", "layer=standard", "seed=0", *extra, f"out_root={tmp_path}",
-             f"cache_dir={tmp_path / 'cache'}"], capture_output=True, text=True, timeout=300)
+        return _grid_cli(tmp_path, "debug=smoke", "dataset=synthetic", "layer=standard", "seed=0", *extra,
+                         multirun=False)
 
     out = one_cell("model=sasrec")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -189,7 +189,8 @@ class RelativeBias(nn.Module):
         bias = self.pos_w[dist][None, None]  # (1, 1, Tq, T)
         if self.time_w is not None:
             if time_bucket is None:
-                raise ValueError("hstu with model.time_bias=true needs batch['time'] (B, L) int64")
+                raise ValueError("hstu with model.time_bias=true needs time_bucket, from "
+                                 "HSTU.block_context(batch['time'] (B, L) int64)")
             bias = bias + self.time_w[time_bucket[:, T - Tq:]][:, None]  # (B, Tq, T) -> (B, 1, Tq, T)
         return bias
 
