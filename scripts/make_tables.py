@@ -107,6 +107,9 @@ def load_runs(root) -> list[dict]:
         m["_dir"] = mpath.parent
         m["_overrides"] = _overrides(mpath.parent)
         m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
+        p = m.get("protocol")
+        if isinstance(p, dict) and "exclude_scope" not in p:  # a run older than eval.exclude_scope, which scored
+            p["exclude_scope"] = "all" if p.get("exclude_history") else None  # as its default does (protocol_block)
         runs.append(m)
     if not runs:
         raise SystemExit(f"make_tables: no metrics.json under {', '.join(map(str, roots))}; run the experiment first")

@@ -386,6 +386,22 @@ def test_a_key_absent_from_an_older_run_counts_as_its_default(runs, tmp_path):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
 
 
+def test_a_protocol_key_absent_from_an_older_run_counts_as_its_default(runs, tmp_path):
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    m = root / "bft" / "seed1" / "metrics.json"
+    d = json.loads(m.read_text())
+    assert d["protocol"]["exclude_history"] and d["protocol"].pop("exclude_scope") == "all"  # as before the key
+    m.write_text(json.dumps(d))
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # absent = all: comparable with the others
+    m0 = root / "bft" / "seed0" / "metrics.json"
+    d0 = json.loads(m0.read_text())
+    d0["protocol"]["exclude_scope"] = "window"
+    m0.write_text(json.dumps(d0))
+    with pytest.raises(SystemExit, match="differ at exclude_scope"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+
+
 @pytest.mark.parametrize("dataset, model, key, old, tuned", [
     ("ml-1m", "hstu", "model.negatives_per", "batch", "position"),
     ("ml-100k", "sasrec", "trainer.train_windows", "last", "sliding"),
