@@ -739,9 +739,12 @@ def extra_overrides(runs: list[dict]) -> list[str]:
 
 
 def run_note(runs: list[dict], missing: list[tuple]) -> str:
-    """``PARTIAL: n of m cells missing; TRIAL: overrides ...`` for titles; empty for a complete plain run set."""
+    """``PARTIAL: n of m cells missing; TRIAL: overrides ...`` for titles; empty for a complete plain run set.
+    ``trainer.amp`` is no trial: what it took effect as is compared like any config key (``run_config``,
+    ``check_comparable``), so the main grid's GPU cells, run with ``trainer.amp=false`` to stay in float32 like
+    its CPU cells, are not flagged (the table header still lists the override)."""
     notes = [f"PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing"] if missing else []
-    extra = extra_overrides(runs)
+    extra = [o for o in extra_overrides(runs) if not o.startswith("trainer.amp=")]
     if extra:
         notes.append(f"TRIAL: {'; '.join(extra)}")
     return "; ".join(notes)

@@ -97,6 +97,18 @@ def test_every_layer_gets_its_bars(runs, tmp_path):
     assert len(k_labels) == 2
 
 
+def test_amp_override_is_no_trial_in_the_title(runs, tmp_path):
+    hydra = runs / "standard" / "seed0" / ".hydra"
+    hydra.mkdir()
+    (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.amp=false\n")
+    mt = load_script("make_tables")
+    loaded = mt.load_runs(runs)
+    assert mt.extra_overrides(loaded) == ["trainer.amp=false (1 runs)"]  # the header still lists it
+    assert mt.run_note(loaded, []) == ""  # float32 as every CPU cell: not a trial
+    (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.amp=false\n- trainer.epochs=2\n")
+    assert mt.run_note(mt.load_runs(runs), []) == "TRIAL: trainer.epochs=2 (1 runs)"
+
+
 def test_partial_and_trial_runs_say_so_in_the_title(runs, tmp_path):
     (runs / "bft" / "seed1" / "metrics.json").unlink()
     hydra = runs / "standard" / "seed0" / ".hydra"
