@@ -52,7 +52,7 @@ import pandas as pd
 import yaml
 from scipy.stats import ttest_1samp, wilcoxon
 
-from bftrec.config import upgrade_legacy_layer
+from bftrec.config import EvalConfig, upgrade_legacy_layer
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
 
 METRICS = ("HR@10", "NDCG@10")
@@ -108,8 +108,8 @@ def load_runs(root) -> list[dict]:
         m["_overrides"] = _overrides(mpath.parent)
         m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
         p = m.get("protocol")
-        if isinstance(p, dict) and "exclude_scope" not in p:  # a run older than eval.exclude_scope, which scored
-            p["exclude_scope"] = "all" if p.get("exclude_history") else None  # as its default does (protocol_block)
+        if isinstance(p, dict) and "exclude_scope" not in p:  # older than eval.exclude_scope: it scored as the
+            p["exclude_scope"] = EvalConfig.exclude_scope if p.get("exclude_history") else None  # default does
         runs.append(m)
     if not runs:
         raise SystemExit(f"make_tables: no metrics.json under {', '.join(map(str, roots))}; run the experiment first")
@@ -802,7 +802,7 @@ def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ())
     protocols: dict = {}
     for r in runs:
         p = r["protocol"]
-        scope = " (scored window only)" if p.get("exclude_scope", "all") == "window" else ""
+        scope = " (scored window only)" if p["exclude_scope"] == "window" else ""
         text = (f"{p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']}{scope} "
                 f"(repeat target: {p['repeat_target']}); ties: {p['ties']}; selection: {p['epoch_selection']}")
         protocols.setdefault(text, set()).add(r["dataset"])

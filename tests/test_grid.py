@@ -22,10 +22,10 @@ LAYERS = {"main": ["bft", "standard"], "cpu": ["bft", "bft_h", "standard"], "mai
 def _grid_cli(tmp_path, *overrides: str, multirun: bool = True) -> subprocess.CompletedProcess:
     """``bftrec-train -m experiment=paper/cpu <overrides>`` into tmp_path, one job at a time (``multirun=False``:
     without -m, one cell)."""
-    sweep = ["-m", "hydra.launcher.n_jobs=1"] if multirun else []
+    mode, jobs = (["-m"], ["hydra.launcher.n_jobs=1"]) if multirun else ([], [])
     return subprocess.run(
-        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", *sweep[:1], "experiment=paper/cpu",
-         *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", *sweep[1:]],
+        [sys.executable, "-m", "bftrec.train", f"--config-dir={CONFIG_DIR}", *mode, "experiment=paper/cpu",
+         *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}", *jobs],
         capture_output=True, text=True, timeout=300)
 
 
