@@ -51,7 +51,7 @@ paper: setup
 	$(BIN)/python scripts/make_figures.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/figures
 
 lint: setup
-	$(BIN)/ruff check bftrec tests scripts
+	$(BIN)/ruff check bftrec tests scripts results
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -551,7 +551,9 @@ def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch
     if sink is not None:  # every process takes part: the statistics are gathered over all of them
         hist = np.zeros(data.n_users, dtype=np.int64)
         hist[table["user"].to_numpy()] = table["history_len"].to_numpy()
-        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr, tau_start)
+        tgt = np.zeros(data.n_users, dtype=np.int64)  # (U,) training count of each user's test target
+        tgt[table["user"].to_numpy()] = table["target_count"].to_numpy()
+        mech = aggregate_mechanism(sink, counts, test["by_item_freq"], hist, thr, tau_start, target_count=tgt)
         if mech is not None:
             out["mechanism"] = mech
     return out

@@ -50,10 +50,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.stats import ttest_1samp, wilcoxon
+from scipy.stats import wilcoxon
 
 from bftrec.config import EvalConfig, upgrade_legacy_layer
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
+from bftrec.report.stats import (
+    MIN_BASELINE_HITS,
+    MIN_SEEDS,
+    interval_se,
+    mde_seeds,
+    random_effects,
+    seed_t_p,
+    two_stage_bootstrap_ci,
+)
 
 METRICS = ("HR@10", "NDCG@10")
 STANDARD = "standard"
@@ -507,16 +516,6 @@ def seed_gains(values: list[tuple[int, float | None]]) -> str:
     return " ".join(f"{s}:{'nan' if g is None else format(g, '+.4f')}" for s, g in values)
 
 
-def seed_t_p(gains: list[float | None]) -> float | None:
-    """Two-sided one-sample t-test (scipy) that the mean of the per-seed relative gains is 0: a p-value
-    over training seeds, the unit a retraining varies, where the Wilcoxon test's unit is the user at
-    fixed seeds. None with fewer than two seeds, an undefined seed gain, or seeds all equal (no spread)."""
-    vals = np.array([np.nan if g is None else g for g in gains], dtype=float)
-    if len(vals) < 2 or np.isnan(vals).any() or np.ptp(vals) == 0:
-        return None
-    return float(ttest_1samp(vals, 0.0).pvalue)
-
-
 def same_sign(gain: float | None, gains: list[float | None]) -> bool | None:
     """Whether every matched seed's gain (``seed_gain_values``' numbers, not their 4-decimal text) is
     defined and has the sign of the pooled ``gain`` (an exact zero counts as no sign); None with fewer than
@@ -527,41 +526,126 @@ def same_sign(gain: float | None, gains: list[float | None]) -> bool | None:
     return all(g is not None and not np.isnan(g) and np.sign(g) == np.sign(gain) != 0 for g in gains)
 
 
+ENDPOINTS = ("overall", "Q0", "cold")  # the pre-registered endpoints, in HR@10 (issue 46 item 1)
+TOO_FEW_SEEDS, TOO_FEW_HITS = "n/a (too few seeds)", "n/a (too few hits)"
+
+
+def seed_user_pairs(runs: list[dict], base: list[dict], users) -> tuple[list, list[int]]:
+    """Per seed both sides have: (a, b), each (n_s, 2) float64 per-user HR@10 and NDCG@10 of the layer
+    and of its baseline at that seed, on the users both scored (restricted to ``users`` when given),
+    paired row by row; and the seeds, in order."""
+    by_seed = {r["seed"]: r for r in base}
+    pairs, seeds = [], []
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        if r["seed"] not in by_seed:
+            continue
+        a = pd.concat([per_user(r, m) for m in METRICS], axis=1)
+        b = pd.concat([per_user(by_seed[r["seed"]], m) for m in METRICS], axis=1)
+        a, b = a.align(b, join="inner", axis=0)
+        if users is not None:
+            keep = a.index.isin(users)
+            a, b = a[keep], b[keep]
+        pairs.append((a.to_numpy(dtype=np.float64), b.to_numpy(dtype=np.float64)))
+        seeds.append(r["seed"])
+    return pairs, seeds
+
+
+def baseline_hits(base: list[dict], where) -> float:
+    """Mean over the baseline's seeds of its HR@10 hits in the stratum (n_users x HR@10)."""
+    return float(np.mean([stratum_value(r, where, "HR@10") * stratum_value(r, where, "n_users") for r in base]))
+
+
+def cell_flags(runs: list[dict]) -> str:
+    """What makes a comparison a trial or cut short, for the table body: ``TRIAL: <override>`` for
+    command-line overrides beyond the grid axes (``extra_overrides``, ``trainer.amp`` aside), and
+    ``capped: <layer> s<seed> (best e of E)`` for a run that ran to its epoch cap (not stopped early)
+    with its best validation epoch among its last two: validation still rose when the cap stopped it."""
+    extra = sorted({o.split(" (")[0] for o in extra_overrides(runs) if not o.startswith("trainer.amp=")})
+    flags = [f"TRIAL: {'; '.join(extra)}"] if extra else []
+    capped = [f"{r['layer']} s{r['seed']} (best {r['best_epoch']} of {r['epochs_run']})" for r in runs
+              if r.get("stopped_early") is False and r.get("best_epoch") is not None
+              and r.get("epochs_run") is not None and r["best_epoch"] >= r["epochs_run"] - 1]
+    if capped:
+        flags.append("capped while validation rose: " + ", ".join(sorted(capped)))
+    return "; ".join(flags)
+
+
 def comparisons(groups: dict) -> pd.DataFrame:
-    """One row per (non-standard cell with a baseline, stratum, metric): gain (relative, of the seed
-    means), p (Wilcoxon), p_holm (Holm over all rows of the same layer, metric and stratum: one family per
-    claim, so an ablation layer such as bft_h does not change bft's adjusted p), ci_lo, ci_hi
-    (bootstrap, relative), n_users, seeds and baseline seeds: all over the seeds both cells have
-    (``matched_seeds``); and seed_gains, the gain of each of those seeds alone (``seed:gain`` pairs,
-    blank-separated), which shows the variation between training seeds that the per-user test does not see,
-    seeds_same_sign (``same_sign``: every seed's gain has the pooled gain's sign; None with one seed) and
-    p_seeds (``seed_t_p``: a t-test over those seed gains; not Holm-adjusted, None with one seed)."""
+    """One row per (non-standard cell with a baseline, stratum, metric), over the seeds both cells have
+    (``matched_seeds``). The training seed is the unit of replication:
+
+    - gain_seeds: the mean of the per-seed relative gains (seed_gains, ``seed:gain`` pairs); sd_seeds their
+      SD; p_seeds: two-sided one-sample t-test of those gains (``bftrec.report.stats.seed_t_p``);
+      ci_lo_seeds, ci_hi_seeds: 95% two-stage bootstrap of gain_seeds (seeds, then users within each drawn
+      seed; ``two_stage_bootstrap_ci``); mde_seeds: the gain detectable at power 0.8, α 0.05, from the seed
+      SD (``mde_seeds``);
+    - endpoint: ``pre-registered`` for HR@10 overall, on the rarest item bin (Q0) and on cold users, else
+      ``exploratory``; p_holm_seeds: Holm over the three pre-registered rows of the comparison (an untestable
+      endpoint enters the family as p = 1), blank on exploratory rows;
+    - test_note: ``n/a (too few seeds)`` (fewer than 2) or ``n/a (too few hits)`` (the baseline has under 20
+      HR@10 hits in the stratum, seed mean): then no p value at all; flags: ``cell_flags``;
+    - fixed seeds (secondary): p_fixed_seeds, a Wilcoxon signed-rank test over users of the per-user metric
+      averaged over seeds; p_holm_fixed_seeds, Holm over all rows of one layer, metric and stratum;
+      ci_lo_fixed_seeds, ci_hi_fixed_seeds, a bootstrap over users of the gain of the seed means (gain).
+      It sees users at fixed training seeds, not retrainings.
+    """
     rows = []
     for key, rs_all in sorted(groups.items()):
         base = baseline(groups, key) if key[3] != STANDARD else None
         if not base:
             continue
         rs, base = matched_seeds(rs_all, base)
+        flags = cell_flags(rs + base)
         for name, where, _ in strata_of(rs[0]):
             users = stratum_users(rs[0], where)
-            for m in METRICS:
+            pairs, seeds = seed_user_pairs(rs, base, users)
+            cis = two_stage_bootstrap_ci(pairs, seed_ids=seeds) if pairs else [None] * len(METRICS)
+            hits = baseline_hits(base, where)
+            note = TOO_FEW_SEEDS if len(seeds) < MIN_SEEDS else TOO_FEW_HITS if hits < MIN_BASELINE_HITS else ""
+            for j, m in enumerate(METRICS):
                 a, b = paired_users(rs, base, m, users)
                 ci = bootstrap_gain_ci(a, b)
                 per_seed = seed_gain_values(rs, base, where, m)
-                rows.append({"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "stratum": name,
-                             "metric": m, "gain": relative_gain([stratum_value(r, where, m) for r in rs],
-                                                                [stratum_value(r, where, m) for r in base]),
-                             "p": wilcoxon_p(a, b), "ci_lo": ci[0] if ci else None,
-                             "ci_hi": ci[1] if ci else None, "n_users": len(a), "seeds": len(rs),
-                             "baseline_seeds": len(base), "seed_gains": seed_gains(per_seed)})
-                rows[-1]["seeds_same_sign"] = same_sign(rows[-1]["gain"], [g for _, g in per_seed])
-                rows[-1]["p_seeds"] = seed_t_p([g for _, g in per_seed])
+                g = [x for _, x in per_seed]
+                defined = bool(g) and all(x is not None and np.isfinite(x) for x in g)
+                gain = relative_gain([stratum_value(r, where, m) for r in rs],
+                                     [stratum_value(r, where, m) for r in base])
+                ci_s = cis[j] if not note else None
+                rows.append({
+                    "dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "stratum": name, "metric": m,
+                    "endpoint": "pre-registered" if m == "HR@10" and name in ENDPOINTS else "exploratory",
+                    "flags": flags, "seeds": len(rs), "baseline_seeds": len(base), "n_users": len(a),
+                    "baseline_hits": round(hits, 1), "gain": gain,
+                    "gain_seeds": float(np.mean(g)) if defined else None,
+                    "sd_seeds": float(np.std(g, ddof=1)) if defined and len(g) > 1 else None,
+                    "seed_gains": seed_gains(per_seed), "seeds_same_sign": same_sign(gain, g),
+                    "p_seeds": None if note else seed_t_p(g), "p_holm_seeds": None,
+                    "ci_lo_seeds": ci_s[0] if ci_s else None, "ci_hi_seeds": ci_s[1] if ci_s else None,
+                    "se_seeds": interval_se(ci_s, len(seeds)),
+                    "mde_seeds": mde_seeds(g) if defined else None, "test_note": note,
+                    "p_fixed_seeds": None if note == TOO_FEW_HITS else wilcoxon_p(a, b), "p_holm_fixed_seeds": None,
+                    "ci_lo_fixed_seeds": ci[0] if ci else None, "ci_hi_fixed_seeds": ci[1] if ci else None})
     df = pd.DataFrame(rows)
     if len(df):
-        df["p_holm"] = None
+        df["p_holm_fixed_seeds"] = df["p_holm_fixed_seeds"].astype(object)
         for _, idx in df.groupby(["layer", "metric", "stratum"], sort=False).groups.items():
-            df.loc[idx, "p_holm"] = holm([None if pd.isna(p) else p for p in df.loc[idx, "p"]])
+            df.loc[idx, "p_holm_fixed_seeds"] = holm([None if pd.isna(p) else p for p in df.loc[idx, "p_fixed_seeds"]])
+        holm_seeds(df)
     return df
+
+
+def holm_seeds(df: pd.DataFrame) -> None:
+    """Fill ``p_holm_seeds`` in place: Holm over the pre-registered rows of each comparison (dataset,
+    model, tag, layer), a family of ``len(ENDPOINTS)`` always: an endpoint without a p value (too few
+    seeds or hits, or absent) enters as p = 1, so that it never makes the others' adjustment milder.
+    Exploratory rows and rows without a p value stay blank."""
+    df["p_holm_seeds"] = None
+    df["p_holm_seeds"] = df["p_holm_seeds"].astype(object)
+    pre = df[df["endpoint"] == "pre-registered"]
+    for _, idx in pre.groupby(["dataset", "model", "tag", "layer"], sort=False).groups.items():
+        ps = [1.0 if pd.isna(p) else float(p) for p in df.loc[idx, "p_seeds"]]
+        adj = holm(ps + [1.0] * (len(ENDPOINTS) - len(ps)))[:len(ps)]
+        df.loc[idx, "p_holm_seeds"] = [None if pd.isna(p) else a for p, a in zip(df.loc[idx, "p_seeds"], adj)]
 
 
 def pct(x) -> str:
@@ -572,16 +656,34 @@ def pval(x) -> str:
     return "–" if x is None or pd.isna(x) else f"{x:.3g}"
 
 
+def _num(x) -> bool:
+    return x is not None and not pd.isna(x)
+
+
 def gain_cell(c: dict | None) -> str:
-    """``+4.1% (p, p_Holm, [lo, hi])``; empty when there is no comparison."""
+    """``+4.1% (p_seeds, p_Holm_seeds, [lo, hi])`` with the seed as the unit (``comparisons``): the mean
+    per-seed gain, its t-test over seeds, Holm over the three pre-registered endpoints (``–`` on an
+    exploratory row) and the two-stage bootstrap interval; ``+4.1% (n/a (too few seeds))`` where there is
+    no information for a test. Empty when there is no comparison."""
     if c is None:
         return ""
-    ci = f"[{pct(c['ci_lo'])}, {pct(c['ci_hi'])}]" if c["ci_lo"] is not None and not pd.isna(c["ci_lo"]) else "–"
-    return f"{pct(c['gain'])} ({pval(c['p'])}, {pval(c['p_holm'])}, {ci})"
+    g = c["gain_seeds"] if _num(c["gain_seeds"]) else c["gain"]
+    if c["test_note"]:
+        return f"{pct(g)} ({c['test_note']})"
+    ci = f"[{pct(c['ci_lo_seeds'])}, {pct(c['ci_hi_seeds'])}]" if _num(c["ci_lo_seeds"]) else "–"
+    return f"{pct(g)} ({pval(c['p_seeds'])}, {pval(c['p_holm_seeds'])}, {ci})"
 
 
 def gain_col(metric: str, layer: str, stratum: str = "") -> str:
-    return f"{stratum + ' ' if stratum else ''}{metric} gain {layer} (p, p_Holm, 95% CI)"
+    return f"{stratum + ' ' if stratum else ''}{metric} gain {layer} (p_seeds, p_Holm, 95% CI)"
+
+
+def row_flags(look: dict, k3: tuple, layers: list[str]) -> str:
+    """The flags (``cell_flags``) of a row's comparisons, by layer when they differ."""
+    found = {layer: look[k3 + (layer, "overall", "HR@10")]["flags"] for layer in layers
+             if k3 + (layer, "overall", "HR@10") in look}
+    found = {k: v for k, v in found.items() if isinstance(v, str) and v}
+    return "; ".join(sorted(set(found.values())))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -632,6 +734,7 @@ def overall_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
             rs = groups.get(k3 + (layer,))
             row[f"valid NDCG@10 {layer}"] = fmt([r["valid"]["NDCG@10"] for r in rs]) if rs else "–"
             row[f"best epoch {layer}"] = fmt_epochs([r["best_epoch"] for r in rs]) if rs else "–"
+        row["flags"] = row_flags(look, k3, layers)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -652,19 +755,39 @@ def strata_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
                     row[f"{m} {layer}"] = fmt([stratum_value(r, where, m) for r in rs]) if rs else "–"
                     if layer != STANDARD:
                         row[gain_col(m, layer)] = gain_cell(look.get(k3 + (layer, name, m)))
+            row["flags"] = row_flags(look, k3, layers)
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _mech_strata(run: dict) -> list[tuple[str, str, dict]]:
+def _mech_rows(run: dict) -> list[tuple[str, str, str, object]]:
+    """(grouping, stratum, range, getter) of the mechanism table's rows for a run like ``run``: at the
+    target (when the run has ``at_target``), by history token, then per block. ``getter(metrics)`` ->
+    the entry (a dict with K, lam0) or None where a run lacks that grouping."""
     mech = run["mechanism"]
-    return ([(b["bin"], f"{b['lo']}-{b['hi']}", b) for b in mech["by_item_freq"]]
-            + [("cold", "", mech["cold_users"]), ("warm", "", mech["warm_users"])])
+    rows = []
+    if "at_target" in mech:
+        at = lambda m: m.get("at_target")  # noqa: E731
+        rows.append(("at target", "overall", "", lambda m, at=at: at(m) and at(m)["overall"]))
+        rows += [("at target", b["bin"], f"{b['lo']}-{b['hi']}",
+                  lambda m, i=i, at=at: at(m) and at(m)["by_target_freq"][i])
+                 for i, b in enumerate(mech["at_target"]["by_target_freq"])]
+        rows += [("at target", n, "", lambda m, k=k, at=at: at(m) and at(m)[k])
+                 for n, k in (("cold", "cold_users"), ("warm", "warm_users"))]
+    rows += [("history tokens", b["bin"], f"{b['lo']}-{b['hi']}", lambda m, i=i: m["by_item_freq"][i])
+             for i, b in enumerate(mech["by_item_freq"])]
+    rows += [("history tokens", n, "", lambda m, k=k: m[k])
+             for n, k in (("cold", "cold_users"), ("warm", "warm_users"))]
+    rows += [("block", f"layer {b['layer']}", "all tokens", None) for b in mech["per_layer"]]
+    return rows
 
 
 def mechanism_table(groups: dict) -> pd.DataFrame:
-    """One row per (dataset, model, tag, stratum) and per block (``layer i``); per layer with a
-    mechanism block: mean K (after training, test histories), mean λ0 (strata) and K at init (blocks)."""
+    """One row per (dataset, model, tag, grouping, stratum); per layer with a mechanism block: mean K and
+    mean λ0 (seed mean ± std). Groupings: ``at target`` (the scoring position of each test user, by the
+    test target's item-frequency bin and cold/warm user: the grouping of the metric strata), ``history
+    tokens`` (every history token by its own item's bin), ``block`` (per block, all tokens, with K at
+    init on the first training batch)."""
     layers = [layer for layer in layers_of(groups)
               if any("mechanism" in r for k, rs in groups.items() if k[3] == layer for r in rs)]
     rows = []
@@ -673,32 +796,44 @@ def mechanism_table(groups: dict) -> pd.DataFrame:
         cells_ = {layer: rs for layer, rs in cells_.items() if rs}
         if not cells_:
             continue
-        first = next(iter(cells_.values()))[0]
-        names = [(n, rng) for n, rng, _ in _mech_strata(first)]
-        names += [(f"layer {b['layer']}", "all tokens") for b in first["mechanism"]["per_layer"]]
-        for i, (name, rng) in enumerate(names):
-            row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "stratum": name, "range": rng}
+        richest = max((r for rs in cells_.values() for r in rs), key=lambda r: "at_target" in r["mechanism"])
+        for grouping, name, rng, get in _mech_rows(richest):
+            row = {"dataset": k3[0], "model": k3[1], "tag": k3[2], "grouping": grouping, "stratum": name, "range": rng}
             for layer in layers:
                 rs = cells_.get(layer)
                 if not rs:
                     row.update({f"K {layer}": "–", f"λ0 {layer}": "", f"K at init {layer}": ""})
-                elif name.startswith("layer "):
+                elif get is None:
                     j = int(name.split()[1])
                     init = [(r["mechanism"].get("gain_first_batch") or {}).get("initial_K_per_layer") for r in rs]
                     row.update({f"K {layer}": fmt([r["mechanism"]["per_layer"][j]["K"] for r in rs]), f"λ0 {layer}": "",
                                 f"K at init {layer}": fmt([k[j] if k else None for k in init], digits=5)})
                 else:
-                    entries = [_mech_strata(r)[i][2] for r in rs]
-                    row.update({f"K {layer}": fmt([e["K"] for e in entries]),
-                                f"λ0 {layer}": fmt([e["lam0"] for e in entries]), f"K at init {layer}": ""})
+                    entries = [get(r["mechanism"]) for r in rs]
+                    row.update({f"K {layer}": fmt([e["K"] if e else None for e in entries]),
+                                f"λ0 {layer}": fmt([e["lam0"] if e else None for e in entries]),
+                                f"K at init {layer}": ""})
             rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _k_ends(mech: list[dict]) -> tuple[str, str] | None:
+    """(grouping label, ``K Q0 / K Qn`` text) of the seed-mean K on the rarest and most popular bin: at the
+    target where every run has ``at_target`` (issue 46 item 4), else by history token; None without runs."""
+    if not mech:
+        return None
+    at = all("at_target" in m for m in mech)
+    key, label = ("by_target_freq", "at target") if at else ("by_item_freq", "by token")
+    vals = [np.mean([(m["at_target"] if at else m)[key][i]["K"] for m in mech])
+            if all((m["at_target"] if at else m)[key][i]["K"] is not None for m in mech) else None for i in (0, -1)]
+    return label, " / ".join(f"{v:.4f}" if v is not None else "–" for v in vals)
+
+
 def summary_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
-    """One row per (dataset, model, tag) with a comparison: the paper's claims side by side for every
-    layer against standard (overall HR@10 and NDCG@10, rarest item bin, cold users) and K / λ0 on
-    the rarest and the most popular bin."""
+    """One row per (dataset, model, tag) with a comparison: the three pre-registered endpoints for every
+    layer against standard (overall, rarest item bin and cold-user HR@10 gains, seed-unit statistics) and
+    K on the rarest and the most popular bin (at the target where the runs have it, else by token; the
+    column says which). NDCG@10, λ0 and every other stratum: ``overall``, ``strata``, ``mechanism``."""
     layers, look = layers_of(groups), _lookup(comp)
     rows = []
     for k3 in row_keys(groups):
@@ -714,14 +849,12 @@ def summary_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
         for layer in layers:
             rs = groups.get(k3 + (layer,))
             row[f"HR@10 {layer}"] = fmt([r["test"]["overall"]["HR@10"] for r in rs]) if rs else "–"
-            for m, st in (("HR@10", "overall"), ("NDCG@10", "overall"), ("HR@10", q0), ("HR@10", "cold")):
-                row[gain_col(m, layer, "" if st == "overall" else st)] = gain_cell(look.get(k3 + (layer, st, m)))
-            mech = [r["mechanism"] for r in rs or [] if "mechanism" in r]
-            for key, lab in (("K", "K"), ("lam0", "λ0")):
-                vals = [np.mean([m["by_item_freq"][i][key] for m in mech]) if mech and all(
-                    m["by_item_freq"][i][key] is not None for m in mech) else None for i in (0, -1)]
-                row[f"{lab} {q0} / {qn} {layer}"] = (" / ".join(f"{v:.4f}" if v is not None else "–" for v in vals)
-                                                     if mech else "")
+            for st in ("overall", q0, "cold"):
+                col = gain_col("HR@10", layer, "" if st == "overall" else st)
+                row[col] = gain_cell(look.get(k3 + (layer, st, "HR@10")))
+            ends = _k_ends([r["mechanism"] for r in rs or [] if "mechanism" in r])
+            row[f"K {q0} / {qn} {layer}"] = f"{ends[1]} ({ends[0]})" if ends else ""
+        row["flags"] = row_flags(look, k3, layers)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -750,18 +883,22 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
     return "; ".join(notes)
 
 
-STATS = (f"- gain: relative difference of the seed means, (mean layer − mean standard) / mean standard (– where the "
-         "standard layer has no hit), over the seeds both layers have (seed s against seed s; the means and ± std "
-         "columns use every seed of a cell); p: two-sided Wilcoxon signed-rank test over users of the per-user metric "
-         "averaged over seeds (seeds never count as extra users); p_Holm: Holm step-down adjustment over the family "
-         "of all comparisons of one layer, one metric and one stratum (overall counts as one) across every dataset, "
-         "backbone and tag in these tables (one family per layer); 95% CI: percentile bootstrap over users of the "
-         f"gain of the seed-averaged per-user metric, B={BOOT_B} resamples, numpy generator seed {BOOT_SEED}\n"
-         "- every non-standard layer is compared with the standard layer of the same dataset, backbone and tag "
-         "(else the untagged one); comparisons.csv's seed_gains gives the gain of each seed alone, and seeds_same_sign "
-         "whether every seed's gain has the sign of the pooled gain (blank with one seed), and p_seeds a two-sided "
-         "one-sample t-test of those seed gains (not Holm-adjusted): the per-user test sees users at fixed "
-         "training seeds, not retrainings")
+STATS = ("- gain (the unit of replication is the training seed): the mean over seeds of each seed's relative gain "
+         "(layer − standard) / standard, seed s against seed s of the standard layer of the same dataset, backbone and "
+         "tag (else the untagged one); the means and ± std columns use every seed of a cell\n"
+         "- p_seeds: two-sided one-sample t-test of the per-seed gains; p_Holm: Holm over the comparison's three "
+         "pre-registered endpoints (HR@10 overall, on the rarest item bin Q0 and on cold users; an untestable one "
+         "counts as p = 1), `–` on exploratory rows; 95% CI: two-stage percentile bootstrap (seeds with replacement, "
+         f"then users within each drawn seed), B={BOOT_B}, numpy seeds [{BOOT_SEED}, seed]; `n/a (too few ...)`: "
+         f"fewer than {MIN_SEEDS} seeds, or under {MIN_BASELINE_HITS} baseline HR@10 hits in the stratum: no test\n"
+         "- comparisons.csv also has, per row: endpoint, flags, seed_gains, sd_seeds, se_seeds (the two-stage standard "
+         "error behind the interval; meta.csv weights pairs by it), mde_seeds (the gain a t-test over "
+         "as many seeds detects at power 0.8, α 0.05, from the seed SD), and the secondary fixed-seeds statistics: "
+         "p_fixed_seeds (Wilcoxon signed-rank over users of the seed-averaged per-user metric), p_holm_fixed_seeds "
+         "(Holm over one layer, metric and stratum across the tables) and ci_*_fixed_seeds (bootstrap over users of "
+         "the gain of the seed means, gain); these see users at fixed training seeds, not retrainings\n"
+         "- flags: TRIAL (overrides beyond the grid axes) or capped (a run stopped by its epoch cap while validation "
+         "still rose): such a row is no verdict")
 
 
 def budgets(runs: list[dict]) -> list[str]:
@@ -826,6 +963,41 @@ def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ())
     return "\n".join(lines)
 
 
+def meta_table(comp: pd.DataFrame) -> pd.DataFrame:
+    """Random-effects meta-analysis over (dataset, backbone) pairs, per layer (and tag), pre-registered
+    endpoint and scope (all backbones, then each backbone): does the layer gain across pairs, as the paper
+    claims, in one test (``bftrec.report.stats.random_effects``). A pair's effect is gain_seeds, its
+    variance se_seeds² (the two-stage bootstrap's standard error: retraining and test-user noise both; the
+    seed SD alone, from 3 seeds of one test set, can be near 0 by chance and leaves the test users' noise
+    out); pairs with a test_note or no standard error are left out and counted in ``pairs_left_out``."""
+    rows = []
+    pre = comp[comp["endpoint"] == "pre-registered"] if len(comp) else comp
+    for (layer, tag, stratum), g in (pre.groupby(["layer", "tag", "stratum"], sort=True) if len(pre) else []):
+        for scope in ["all"] + sorted(g["model"].unique()):
+            sub = g if scope == "all" else g[g["model"] == scope]
+            ok = sub[(sub["test_note"] == "") & sub["se_seeds"].notna() & sub["gain_seeds"].notna()]
+            ok = ok[ok["se_seeds"].astype(float) > 0]
+            res = random_effects(ok["gain_seeds"].astype(float), ok["se_seeds"].astype(float) ** 2) if len(ok) else None
+            rows.append({"layer": layer, "tag": tag, "endpoint": f"HR@10 {stratum}", "backbones": scope,
+                         "pairs": len(ok), "pairs_left_out": len(sub) - len(ok),
+                         **({k: res[k] for k in ("gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q")} if res else
+                            {k: None for k in ("gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q")}),
+                         "note": "" if res else "n/a (fewer than 2 pairs)"})
+    return pd.DataFrame(rows)
+
+
+def meta_markdown(meta: pd.DataFrame) -> pd.DataFrame:
+    """The meta table with gains and intervals as percentages, p, τ² and I² rounded."""
+    out = meta.copy()
+    for c in ("gain", "ci_lo", "ci_hi"):
+        out[c] = [pct(x) for x in out[c]]
+    out["p"] = [pval(x) for x in out["p"]]
+    out["tau2"] = ["–" if not _num(x) else f"{x:.2g}" for x in out["tau2"]]
+    out["i2"] = ["–" if not _num(x) else f"{100 * x:.0f}%" for x in out["i2"]]
+    names = {"tau2": "τ²", "i2": "I²", "ci_lo": "95% CI lo", "ci_hi": "95% CI hi"}
+    return out.drop(columns=["q"]).rename(columns=names)
+
+
 def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.csv", out / f"{name}.md"]
@@ -848,27 +1020,48 @@ def main(argv: list[str] | None = None) -> None:
     runs, missing, ignored = select_runs(args.runs, args.grid, args.allow_partial)
     groups = cells(runs)
     comp = comparisons(groups)
-    head = header(runs, missing, ignored)
-    stat_head = f"{head}\n{STATS}" if len(comp) else head
-    mech_head = (f"{head}\n- K: mean Kalman gain over real tokens of the test histories at the best checkpoint "
-                 "(strata: mean over blocks); λ0: mean initial precision; K at init: per block, on the first training "
-                 "batch after calibration and before the first step (gain_first_batch),"
-                 " so only on block rows")
-    wrote = write(overall_table(groups, comp), args.out, "overall", "Overall test metrics (mean ± std over seeds)",
-                  stat_head)
+    full = header(runs, missing, ignored)
+    note = run_note(runs, missing)
+    head = (f"- {len(runs)} runs{'; **' + note + '**' if note else ''}; generated by `python {' '.join(sys.argv)}`\n"
+            "- protocol, commits, hardware, budgets and the statistics: [protocol.md](protocol.md)")
+    stat_head = (f"{head}\n- gain cells: mean per-seed gain (p_seeds: t-test over seeds; p_Holm over the three "
+                 "pre-registered endpoints; 95% CI: seeds, then users, resampled)") if len(comp) else head
+    mech_note = ("- K: mean Kalman gain at the best checkpoint on the test histories (strata: mean over "
+                 "blocks); λ0: mean initial precision. Grouping `at target`: at the scoring position, one value per "
+                 "test "
+                 "user, by the test target's item-frequency bin and cold/warm user (the grouping of the metric strata; "
+                 "runs older than this grouping show –); `history tokens`: every real history token by its own item's "
+                 "bin; `block`: per block over all tokens, with K at init on the first training batch after "
+                 "calibration (gain_first_batch)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "protocol.md").write_text(f"# Protocol, provenance and statistics of these tables\n\n{full}\n"
+                                          + (f"{STATS}\n" if len(comp) else "") + f"{mech_note}\n")
+    wrote = [args.out / "protocol.md"]
+    wrote += write(overall_table(groups, comp), args.out, "overall", "Overall test metrics (mean ± std over seeds)",
+                   stat_head)
     wrote += write(strata_table(groups, comp), args.out, "strata", "Test metrics by stratum (mean ± std over seeds)",
                    stat_head)
     mech = mechanism_table(groups)
     if len(mech):
         wrote += write(mech, args.out, "mechanism", "BFT mechanism by stratum (test histories, mean ± std over seeds)",
-                       mech_head)
+                       f"{head}\n{mech_note}")
     summary = summary_table(groups, comp)
     if len(summary):
-        wrote += write(summary, args.out, "summary", "Every layer against standard: overall, rarest items, cold "
-                       "users, mechanism (test)", stat_head)
-        args.out.mkdir(parents=True, exist_ok=True)
+        wrote += write(summary, args.out, "summary", "Every layer against standard: the pre-registered endpoints "
+                       "(HR@10 overall, rarest items, cold users) and K", stat_head)
         comp.to_csv(args.out / "comparisons.csv", index=False)
         wrote.append(args.out / "comparisons.csv")
+        meta = meta_table(comp)
+        meta.to_csv(args.out / "meta.csv", index=False)
+        (args.out / "meta.md").write_text(
+            "# Random-effects meta-analysis over (dataset, backbone) pairs\n\n"
+            f"{head}\n- per layer, pre-registered endpoint and scope: the pooled relative gain (Paule-Mandel τ², "
+            "normal "
+            "95% CI, two-sided p), each pair weighted by 1 / (se_seeds² + τ²), se_seeds the two-stage bootstrap's "
+            "standard error (retraining and test-user noise); I²: the share of the spread between pairs beyond "
+            "their own uncertainty\n\n"
+            f"{meta_markdown(meta).to_markdown(index=False) if len(meta) else '(no comparison)'}\n")
+        wrote += [args.out / "meta.csv", args.out / "meta.md"]
     print(f"make_tables: wrote {len(wrote)} files to {args.out}: {', '.join(p.name for p in wrote)}")
 
 

@@ -530,6 +530,9 @@ def test_bert4rec_mechanism_is_aligned_to_history() -> None:
     seen[:, 0] = 0  # the oldest column of a full window is dropped for the [MASK]
     assert torch.equal(out["lam0"], seen) and torch.equal(out["layers"][0]["K"], seen)
     assert out["layers"][0]["Q"].shape == (model.cfg.d_model,)
+    # the scoring position is the appended [MASK] (id N + 1), not the last history column
+    mask_id = torch.full((BATCH,), float(N_ITEMS + 1))
+    assert torch.equal(out["at_score"]["lam0"], mask_id) and torch.equal(out["at_score"]["K"], mask_id[None])
 
 
 def test_hstu_time_bias_needs_timestamps() -> None:

@@ -33,15 +33,26 @@ def messages(caplog) -> str:
 
 # --- 2. the result at a glance -------------------------------------------------------------------
 
+def _md_rows(text: str) -> dict:
+    return {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| ")}
+
+
 def test_bft_run_ends_with_a_strata_and_mechanism_table(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="bftrec"):
         m = run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
     table = (tmp_path / "run" / "summary.md").read_text()
-    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if ln.startswith("| ")}
-    assert {"overall", "Q0", "Q1", "Q2", "Q3", "Q4", "cold users", "warm users"} <= set(rows)
-    assert "K" in rows["stratum"] and "λ⁰" in rows["stratum"]
-    q0 = m["test"]["by_item_freq"][0]
-    assert f"{q0['lo']}–{q0['hi']}" in rows["Q0"] and f"{m['mechanism']['by_item_freq'][0]['K']:.4f}" in rows["Q0"]
+    by_target, _, by_token = table.partition("BFT mechanism by history token")
+    rows, tok = _md_rows(by_target), _md_rows(by_token)
+    assert {"overall", "Q0", "Q1", "Q2", "Q3", "Q4", "cold users", "warm users"} <= set(rows) and by_token
+    # a target-stratum row carries the mechanism at the target only, never the by-token K (issue 46 item 4)
+    assert "K at target" in rows["stratum"] and "λ⁰ at target" in rows["stratum"]
+    q0, at, mech = m["test"]["by_item_freq"][0], m["mechanism"]["at_target"], m["mechanism"]
+    assert f"{q0['lo']}–{q0['hi']}" in rows["Q0"] and f"{at['by_target_freq'][0]['K']:.4f}" in rows["Q0"]
+    assert at["by_target_freq"][0]["n_users"] == q0["n_users"]
+    assert at["overall"]["n_users"] == m["test"]["overall"]["n_users"]
+    assert f"{mech['by_item_freq'][0]['K']:.4f}" in tok["Q0"] and "K" in tok["history tokens"]
+    assert f"{mech['by_item_freq'][0]['K']:.4f}" != f"{at['by_target_freq'][0]['K']:.4f}"  # two groupings
+    assert set(mech["groupings"]) == {"by_item_freq", "at_target"}
     assert f"{m['test']['overall']['HR@10']:.4f}" in rows["overall"]
     assert table.strip() in messages(caplog)  # the same table ends the console output
 

@@ -57,23 +57,37 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     mt = _make_tables()
     mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
     out = capsys.readouterr().out
-    assert "make_tables: wrote 9 files" in out and "summary.md" in out  # says what it wrote
+    assert "make_tables: wrote 12 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
     overall = (runs / "tables" / "overall.md").read_text()
-    assert "protocol: leave-one-out" in overall and "commit(s):" in overall
-    assert "HR@10 gain bft (p, p_Holm, 95% CI)" in overall and "p_Holm: Holm step-down" in overall
-    assert "B=1000 resamples" in overall
-    assert "- budget per pair (from the runs' configs): synthetic/sasrec: L 12, ≤ 1 epochs, patience" in overall
+    head = overall.split("\n|")[0]
+    assert len(head) < 600 and "[protocol.md](protocol.md)" in head  # a short header; the rest is one click away
+    assert "HR@10 gain bft (p_seeds, p_Holm, 95% CI)" in overall
+    proto = (runs / "tables" / "protocol.md").read_text()
+    assert "protocol: leave-one-out" in proto and "commit(s):" in proto and "p_Holm: Holm over" in proto
+    assert "B=1000" in proto and "two-stage percentile bootstrap" in proto
+    assert "- budget per pair (from the runs' configs): synthetic/sasrec: L 12, ≤ 1 epochs, patience" in proto
     strata = (runs / "tables" / "strata.md").read_text()
     for name in ("Q0", "Q4", "cold", "warm"):
         assert name in strata
     mech = (runs / "tables" / "mechanism.md").read_text()
     assert "K bft" in mech and "K at init bft" in mech and "layer 0" in mech
+    assert "| at target " in mech and "| history tokens " in mech  # both groupings, each labelled
     assert "nan" not in mech  # K at init is blank on stratum rows
     summary = (runs / "tables" / "summary.csv").read_text().splitlines()
-    assert len(summary) == 2 and "Q0 HR@10 gain bft (p, p_Holm, 95% CI)" in summary[0]
-    assert "K Q0 / Q4 bft" in summary[0]
-    comp = pd.read_csv(runs / "tables" / "comparisons.csv")
-    assert set(comp["stratum"]) >= {"overall", "Q0", "cold", "warm"} and comp["ci_lo"].notna().any()
+    assert len(summary) == 2 and "Q0 HR@10 gain bft (p_seeds, p_Holm, 95% CI)" in summary[0]
+    assert "K Q0 / Q4 bft" in summary[0] and "(at target)" in summary[1]
+    comp = pd.read_csv(runs / "tables" / "comparisons.csv", keep_default_na=False)
+    assert set(comp["stratum"]) >= {"overall", "Q0", "cold", "warm"}
+    for col in ("gain_seeds", "p_seeds", "p_holm_seeds", "ci_lo_seeds", "ci_hi_seeds", "mde_seeds", "endpoint",
+                "p_fixed_seeds", "p_holm_fixed_seeds", "ci_lo_fixed_seeds", "flags", "test_note"):
+        assert col in comp, col
+    pre = comp[comp["endpoint"] == "pre-registered"]
+    assert sorted(pre["stratum"]) == ["Q0", "cold", "overall"] and set(pre["metric"]) == {"HR@10"}
+    # 1-epoch smoke runs: every row is a trial in its own body, not only in the header
+    assert (comp["flags"].str.startswith("TRIAL") | comp["flags"].str.contains("capped")).all()
+    assert "capped while validation rose" in (runs / "tables" / "overall.md").read_text()
+    meta = pd.read_csv(runs / "tables" / "meta.csv")
+    assert set(meta["endpoint"]) == {"HR@10 overall", "HR@10 Q0", "HR@10 cold"}
 
 
 def test_budget_line_states_min_epochs(runs, tmp_path):
@@ -214,8 +228,13 @@ def test_comparisons_give_p_over_seeds(runs):
     checked = 0
     for _, row in comp.iterrows():
         vals = [float(t.split(":")[1]) for t in row["seed_gains"].split()]
+        if row["test_note"]:  # too few hits or seeds: no p value at all, of either kind
+            assert all(pd.isna(row[c]) for c in ("p_seeds", "p_holm_seeds", "ci_lo_seeds"))
+            assert pd.isna(row["p_fixed_seeds"]) or row["test_note"] != mt.TOO_FEW_HITS
+            continue
         if len(vals) >= 2 and not np.isnan(vals).any() and np.ptp(vals) > 1e-3:
             checked += 1
+            assert row["gain_seeds"] == pytest.approx(np.mean(vals), abs=1e-4)
             assert 0 < row["p_seeds"] <= 1
             from scipy.stats import ttest_1samp
             assert row["p_seeds"] == pytest.approx(ttest_1samp(vals, 0.0).pvalue, rel=0.05, abs=1e-3)
@@ -249,7 +268,7 @@ def test_several_run_folders_table_their_union_only(runs, tmp_path):
     loaded = mt.load_runs(both0 + [runs / "runs" / "bft" / "seed0"])
     assert sorted((r["layer"], r["seed"]) for r in loaded) == [("bft", 0), ("standard", 0)]
     mt.main(["--runs", *map(str, both0), "--out", str(tmp_path / "t")])
-    head = (tmp_path / "t" / "overall.md").read_text()
+    head = (tmp_path / "t" / "protocol.md").read_text()
     assert "runs: 2;" in head and "PARTIAL" not in head
     with pytest.raises(SystemExit, match="cells missing"):  # the whole folder with seed 1 of bft taken out
         mt.main(["--runs", str(runs / "runs" / "standard"), str(both0[1]), "--out", str(tmp_path / "u")])
@@ -277,8 +296,9 @@ def test_partial_folder_names_missing_cells(runs, tmp_path):
         mt.main(args)
     assert not (tmp_path / "t").exists()  # no misleading table
     mt.main(args + ["--allow-partial"])
-    head = (tmp_path / "t" / "overall.md").read_text()
+    head = (tmp_path / "t" / "protocol.md").read_text()
     assert "PARTIAL: 4 of 8 cells missing" in head and "\n  - synthetic: hstu bft, standard seeds 0, 1\n" in head
+    assert "PARTIAL: 4 of 8 cells missing" in (tmp_path / "t" / "overall.md").read_text()  # the short header too
 
 
 def test_missing_cells_are_listed_compactly_per_dataset():
@@ -324,7 +344,7 @@ def test_runs_outside_the_grid_are_left_out_and_named(runs, tmp_path):
     grid.write_text("hydra:\n  sweeper:\n    params:\n      dataset: synthetic\n      model: sasrec\n"
                     "      layer: standard,bft\n      seed: range(0,1)\n")
     mt.main(["--runs", str(runs / "runs"), "--grid", str(grid), "--out", str(tmp_path / "t")])
-    overall = (tmp_path / "t" / "overall.md").read_text()
+    overall = (tmp_path / "t" / "protocol.md").read_text()
     assert "left out: 2 runs outside the grid" in overall and "runs: 2;" in overall
 
 
@@ -337,7 +357,7 @@ def test_header_names_overrides_beyond_the_grid_axes(runs, tmp_path):
     hydra.mkdir()
     (hydra / "overrides.yaml").write_text("- layer=bft\n- seed=0\n- trainer.num_threads=1\n- trainer.epochs=2\n")
     mt.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
-    head = (tmp_path / "t" / "overall.md").read_text().split("\n\n")[1]
+    head = (tmp_path / "t" / "protocol.md").read_text().split("\n\n")[1]
     assert "overrides beyond dataset, model, layer, seed: trainer.epochs=2 (1 runs)" in head
     assert "num_threads" not in head
 
@@ -365,13 +385,13 @@ def test_every_layer_is_compared_with_standard_side_by_side(runs, tmp_path):
     mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
     overall = pd.read_csv(tmp_path / "t" / "overall.csv")
     for layer in ("bft", "bft_h"):
-        assert overall[f"HR@10 gain {layer} (p, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
+        assert overall[f"HR@10 gain {layer} (p_seeds, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
     assert len(overall) == 1  # one row per (dataset, model, tag), the layers side by side
     comp = pd.read_csv(tmp_path / "t" / "comparisons.csv")
     both = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")]
     assert sorted(both["layer"]) == ["bft", "bft_h"]
     # one Holm family per layer: with one comparison each, adjusted p = raw p (bft_h leaves bft's p alone)
-    assert np.allclose(both["p_holm"].astype(float), both["p"].astype(float))
+    assert np.allclose(both["p_holm_fixed_seeds"].astype(float), both["p_fixed_seeds"].astype(float))
     mech = (tmp_path / "t" / "mechanism.md").read_text()
     assert "K bft_h" in mech and "λ0 bft_h" in mech and "K at init bft_h" in mech
 
@@ -454,7 +474,7 @@ def test_a_multirun_sweep_gives_one_row_per_swept_value(runs, tmp_path):
     mt.main(["--runs", str(tmp_path / "multirun"), "--out", str(tmp_path / "t")])
     overall = pd.read_csv(tmp_path / "t" / "overall.csv", keep_default_na=False)
     assert list(overall["tag"]) == ["trainer.lr=0.001", "trainer.lr=0.002"]
-    assert overall["HR@10 gain bft (p, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
+    assert overall["HR@10 gain bft (p_seeds, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
     assert "TRIAL" not in mt.run_note(mt.load_runs(tmp_path / "multirun"), [])  # a sweep key is no trial override
 
 
@@ -467,7 +487,7 @@ def test_header_says_which_runs_ran_at_which_commit_when_they_differ(runs, tmp_p
             env = tmp_path / "runs" / layer / f"seed{seed}" / "env.json"
             env.write_text(json.dumps({**json.loads(env.read_text()), "git_sha": sha, "git_dirty": seed == 1}))
     mt.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
-    head = (tmp_path / "t" / "overall.md").read_text().split("\n\n")[1]
+    head = (tmp_path / "t" / "protocol.md").read_text().split("\n\n")[1]
     assert "commit(s): aaaaaaaaaa, aaaaaaaaaa+dirty, bbbbbbbbbb, bbbbbbbbbb+dirty;" in head
     assert "\n  - at aaaaaaaaaa: synthetic: sasrec standard seed 0\n" in head, head
     assert "\n  - at bbbbbbbbbb+dirty: synthetic: sasrec bft seed 1\n" in head, head

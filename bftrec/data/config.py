@@ -41,6 +41,14 @@ class SyntheticConfig:
     time_span: int = 31_536_000  # first timestamps are spread over this many seconds (1 year)
     mean_gap: int = 86_400  # mean gap between a user's consecutive interactions, seconds (>= 1)
     seed: int = 0  # generator seed (numpy PCG64)
+    # The positive control (results/positive_control): planted unreliability, with ground truth. 0 = off, and
+    # then the data are exactly those of the knobs above (the planting draws use a generator of their own).
+    unreliable_share: float = 0.0  # share of items that are unreliable: the next item ignores them (in [0, 1])
+    unreliable_rare_bias: float = 1.0  # unreliable items drawn with weight popularity**-bias (>= 0; 0 = uniform)
+    noisy_user_share: float = 0.0  # share of users whose histories are mixed with random items (in [0, 1])
+    noisy_user_rate: float = 0.0  # per position of a noisy user: P(a uniformly random item is inserted), in [0, 1)
+    oracle_clean: bool = False  # drop every planted position (unreliable item, inserted item) but each user's
+    #                             first and last: the noise-free input histories of the same test targets
 
 
 @dataclass
@@ -88,5 +96,12 @@ def check_config(cfg: DatasetConfig) -> None:
         problems.append("zipf_exponent, successor_pop_bias, time_span >= 0 and mean_gap >= 1")
     if s.long_mean_len <= 0:
         problems.append("long_mean_len > 0")
+    for key in ("unreliable_share", "noisy_user_share"):
+        if not 0.0 <= getattr(s, key) <= 1.0:
+            problems.append(f"0 <= {key} <= 1 (got {getattr(s, key)})")
+    if not 0.0 <= s.noisy_user_rate < 1.0:
+        problems.append(f"0 <= noisy_user_rate < 1 (got {s.noisy_user_rate})")
+    if s.unreliable_rare_bias < 0:
+        problems.append(f"unreliable_rare_bias >= 0 (got {s.unreliable_rare_bias})")
     if problems:
         raise ValueError(f"dataset {cfg.name!r}: synthetic settings need {'; '.join(problems)}")

@@ -27,6 +27,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from bftrec.config import ConfigError, check_choice
+from bftrec.mechanism import score_position
 from bftrec.registry import Registry
 
 MODELS: Registry = Registry("model")
@@ -139,11 +140,12 @@ class SeqRecModel(nn.Module):
                 self.train(was_training)
 
     def mechanism(self, batch: dict) -> dict:
-        """Per-layer BFT statistics for the scoring positions (BFT.md §6); {} for standard layers."""
+        """Per-layer BFT statistics of the test histories (BFT.md §6), plus ``at_score``, the values at the
+        scoring position (the last one; ``bftrec.mechanism.score_position``); {} for standard layers."""
         mech: dict = {}
         with torch.no_grad():
             self.encode(batch["item_seq"], batch.get("time"), mech=mech)
-        return mech
+        return score_position(mech)
 
 
 def check_common(cfg, n_items: int) -> None:

@@ -72,6 +72,7 @@ from torch import nn
 
 from bftrec.config import ConfigError, check_choice
 from bftrec.layers import Masks, build_masks, build_stack
+from bftrec.mechanism import score_position
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
 from bftrec.models.sasrec import (  # shared: the attention is mask-driven
     POSITIONS,
@@ -277,12 +278,14 @@ class BERT4Rec(SeqRecModel):
         The scoring input drops the oldest column when the history is full and appends [MASK], so
         its position ``t`` holds history column ``t + L - L_in + 1``. Every (B, L_in) tensor of the
         mech dict is shifted back to the history's columns; columns the forward never saw get 0.
+        ``at_score`` holds K and λ̄⁰ at the [MASK] position, the one scored.
         """
         mech: dict = {}
         item_seq = batch["item_seq"]
         with torch.no_grad():
             x = self.scoring_input(item_seq)
             self.encode(x, mech=mech)
+        score_position(mech)  # at the [MASK] column, before the columns are re-aligned to the history
         B, L = item_seq.shape
         L_in = x.shape[1]
 

@@ -1,0 +1,1 @@
+"""Reporting: the statistics behind the tables (``bftrec.report.stats``)."""

@@ -1,0 +1,158 @@
+"""Statistics of a layer-against-standard comparison with the training seed as the unit of replication.
+
+A retraining moves a gain more than resampling the users of one trained model does (on the main grid,
+2.3x: docs in results/paper_main/README.md), so a claim that a layer beats ``standard`` rests here on a
+test over seeds, and its interval resamples seeds first, then users within each drawn seed:
+
+- ``seed_t_p``: two-sided one-sample t-test (scipy) of the per-seed relative gains against 0;
+- ``two_stage_bootstrap_ci``: the 95% interval of the mean per-seed gain whose standard error comes from
+  a two-stage bootstrap: seeds drawn with replacement and, within each drawn seed, its paired users drawn
+  with replacement; t quantile with S − 1 degrees of freedom;
+- ``mde_seeds``: the gain a two-sided t-test over the same number of seeds detects at power 0.8 and
+  α = 0.05, given the observed seed SD (statsmodels ``TTestPower``);
+- ``random_effects``: a random-effects meta-analysis of per-pair gains (statsmodels ``combine_effects``,
+  Paule-Mandel τ²), the pooled gain with its interval, τ² and I².
+
+Inputs are relative gains ((layer − standard) / standard, a float; +0.05 = +5%) and per-user metrics
+((n,) float64, 0/1 hits or NDCG per user). Sources: Efron & Tibshirani 1993 (bootstrap), Davison &
+Hinkley 1997 §3.8 (two-stage resampling of hierarchical data), Paule & Mandel 1982, Higgins & Thompson
+2002 (I²).
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import norm, ttest_1samp
+from scipy.stats import t as t_dist
+from statsmodels.stats.meta_analysis import combine_effects
+from statsmodels.stats.power import TTestPower
+
+ALPHA, POWER = 0.05, 0.8
+BOOT_B, BOOT_SEED, BOOT_LEVEL = 1000, 0, 0.95
+MIN_SEEDS = 2          # fewer seeds: no test, no interval over seeds ("n/a (too few)")
+MIN_BASELINE_HITS = 20  # a stratum whose baseline has fewer HR@10 hits (seed mean): no test
+
+
+def seed_t_p(gains) -> float | None:
+    """Two-sided one-sample t-test that the mean of the per-seed relative gains is 0.
+
+    gains: sequence of float (None or NaN where a seed's baseline has no hit). Returns the p-value, or
+    None with fewer than ``MIN_SEEDS`` seeds, an undefined gain, or no spread (all seeds equal)."""
+    vals = np.array([np.nan if g is None else g for g in gains], dtype=float)
+    if len(vals) < MIN_SEEDS or np.isnan(vals).any() or np.ptp(vals) == 0:
+        return None
+    return float(ttest_1samp(vals, 0.0).pvalue)
+
+
+def mde_seeds(gains, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest absolute mean gain a two-sided one-sample t-test over ``len(gains)`` seeds detects
+    with probability ``power`` at level ``alpha``, when the seeds vary as much as these did:
+    d* · SD(gains, ddof=1), d* from the noncentral t (statsmodels ``TTestPower.solve_power``).
+    None with fewer than ``MIN_SEEDS`` defined gains or no spread."""
+    vals = np.array([np.nan if g is None else g for g in gains], dtype=float)
+    if len(vals) < MIN_SEEDS or np.isnan(vals).any() or np.ptp(vals) == 0:
+        return None
+    d = TTestPower().solve_power(nobs=len(vals), alpha=alpha, power=power, alternative="two-sided")
+    return float(d * np.std(vals, ddof=1))
+
+
+def _user_boot_sums(pairs: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, c) column sums of ``pairs`` ((n, c) float64) over users drawn with replacement, one draw
+    of n users per row, generated in chunks of bounded memory."""
+    n = len(pairs)
+    out = np.empty((n_boot, pairs.shape[1]))
+    step = max(1, min(n_boot, 4_000_000 // max(n, 1)))
+    for lo in range(0, n_boot, step):
+        m = min(step, n_boot - lo)
+        idx = rng.integers(0, n, size=(m, n))  # (m, n) drawn user positions
+        w = np.bincount((np.arange(m)[:, None] * n + idx).ravel(), minlength=m * n).reshape(m, n)
+        out[lo:lo + m] = w @ pairs  # (m, c)
+    return out
+
+
+def _ratio_gain(sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
+    """(sa − sb) / sb elementwise; +inf where sb = 0 < sa, 0 where both are 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sb > 0, (sa - sb) / np.where(sb > 0, sb, 1), np.where(sa > 0, np.inf, 0.0))
+
+
+def two_stage_bootstrap_ci(per_seed: list[tuple[np.ndarray, np.ndarray]], n_boot: int = BOOT_B,
+                           seed: int = BOOT_SEED, level: float = BOOT_LEVEL,
+                           seed_ids: list[int] | None = None):
+    """Percentile interval of the mean per-seed relative gain, resampling seeds, then users.
+
+    Args:
+        per_seed: one (a, b) pair per training seed: the per-user metric of the layer and of its
+            baseline at that seed, on the same users in the same order (paired): (n_s,) float64, or
+            (n_s, m) float64 for m metrics at once (the same user draws for all m).
+        n_boot: resamples B; seed: numpy generator seed; level: interval level (0.95).
+        seed_ids: the training seeds (default 0..S−1); each seed's user resamples come from its own
+            generator ``default_rng([seed, seed_id])``, so a seed's draws do not depend on which other
+            seeds a comparison has.
+    Each resample draws S seeds with replacement; each drawn seed contributes the gain of one of its
+    own user resamples (drawn at random among B, so a seed drawn twice gets two different user draws);
+    the statistic is the mean of those S gains. Its bootstrap SD, times √(S/(S−1)) (drawing S of S seeds
+    with replacement shrinks the variance of a mean by (S−1)/S), is the standard error SE of the mean
+    per-seed gain, seed and user noise both in it; the interval is centre ± t(level, S−1) · SE, with the
+    observed mean per-seed gain as centre and the quantile of the same t distribution as the t-test over
+    seeds. A percentile interval would use the
+    normal tail with 3 seeds, about half as wide as the t-test's (t(0.975, 2) = 4.30 against 1.96), and
+    exclude 0 where the test over seeds does not reject.
+
+    Returns:
+        (lo, hi) for 1-D inputs, a list of m such pairs (or None entries) for (n_s, m) inputs; None
+        (each) with fewer than ``MIN_SEEDS`` seeds or when some seed has no user or no baseline value.
+    """
+    S = len(per_seed)
+    one = S == 0 or np.ndim(per_seed[0][0]) == 1
+    cols = [(np.asarray(a, dtype=np.float64).reshape(len(a), -1), np.asarray(b, dtype=np.float64).reshape(len(b), -1))
+            for a, b in per_seed]
+    m = cols[0][0].shape[1] if S else 1
+    if S < MIN_SEEDS or any(len(a) == 0 for a, _ in cols):
+        return None if one else [None] * m
+    ids = list(range(S)) if seed_ids is None else [int(k) for k in seed_ids]
+    gains = np.empty((S, n_boot, m))  # per seed, the gain of each of its user resamples, per metric
+    for j, ((a, b), k) in enumerate(zip(cols, ids)):
+        sums = _user_boot_sums(np.concatenate([a, b], axis=1), n_boot, np.random.default_rng([seed, k]))  # (B, 2m)
+        gains[j] = _ratio_gain(sums[:, :m], sums[:, m:])
+    rng = np.random.default_rng([seed, 10**6])
+    seeds = rng.integers(0, S, size=(n_boot, S))   # (B, S) drawn seeds
+    draws = rng.integers(0, n_boot, size=(n_boot, S))  # (B, S) which user resample of that seed
+    stat = gains[seeds, draws].mean(axis=1)  # (B, m)
+    centre = np.mean([_ratio_gain(a.sum(0), b.sum(0)) for a, b in cols], axis=0)  # (m,) the observed mean gain
+    q = t_dist.ppf((1 + level) / 2, S - 1)
+    out = []
+    for c in range(m):
+        if any(not b[:, c].sum() for _, b in cols) or not np.all(np.isfinite(stat[:, c])):
+            out.append(None)
+            continue
+        se = np.std(stat[:, c], ddof=1) * np.sqrt(S / (S - 1))
+        out.append((float(centre[c] - q * se), float(centre[c] + q * se)))
+    return out[0] if one else out
+
+
+def interval_se(ci: tuple[float, float] | None, n_seeds: int, level: float = BOOT_LEVEL) -> float | None:
+    """The standard error behind a ``two_stage_bootstrap_ci`` interval: its half-width / t(level, S−1)."""
+    if ci is None or n_seeds < MIN_SEEDS:
+        return None
+    return float((ci[1] - ci[0]) / 2 / t_dist.ppf((1 + level) / 2, n_seeds - 1))
+
+
+def random_effects(effects, variances) -> dict | None:
+    """Random-effects meta-analysis of k per-pair effects (relative gains) with their within-pair
+    variances (the squared two-stage standard error, ``interval_se``: seed and test-user noise):
+    Paule-Mandel τ² (statsmodels
+    ``combine_effects(method_re="iterated")``), normal 95% interval.
+
+    Returns {"k", "gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q"} (p two-sided, of the pooled gain
+    against 0), or None with fewer than 2 pairs or a non-positive variance."""
+    e = np.asarray(effects, dtype=float)
+    v = np.asarray(variances, dtype=float)
+    if len(e) < 2 or not np.all(np.isfinite(e)) or not np.all(v > 0):
+        return None
+    res = combine_effects(e, v, method_re="iterated")
+    frame = res.summary_frame()
+    row = frame.loc["random effect"]
+    z = row["eff"] / row["sd_eff"] if row["sd_eff"] > 0 else np.inf
+    return {"k": int(len(e)), "gain": float(row["eff"]), "ci_lo": float(row["ci_low"]),
+            "ci_hi": float(row["ci_upp"]), "p": float(2 * norm.sf(abs(z))), "tau2": float(res.tau2),
+            "i2": max(0.0, float(res.i2)), "q": float(res.q)}  # I² is truncated at 0 (Higgins & Thompson 2002)

@@ -1,0 +1,223 @@
+"""Readouts of the positive control (issue 46 item 2): can this BFT learn reliability where it exists?
+
+    python results/positive_control/readout.py --root results/positive_control
+
+Reads the runs under ``<root>/runs`` (configs/experiment/positive_control*.yaml; each with metrics.json,
+ranks.csv.gz, config.yaml and, for the mechanism readouts, its checkpoint.pt) and the generator's ground
+truth (``bftrec.data.synthetic.generate_with_truth``: which items are unreliable, which positions were
+inserted, which users are noisy), and writes ``<root>/readout.json`` and ``<root>/readout.md``:
+
+- per arm against ``standard`` on the planted data (and ``bft`` against ``standard`` on the clean null): the
+  HR@10 gain with the training seed as the unit (``bftrec.report.stats``: mean per-seed gain, t-test over
+  seeds, two-stage bootstrap interval, the gain detectable at power 0.8), for all users, for the users whose
+  last history item is unreliable (the item to predict does not depend on it) and for the noisy users;
+- per BFT arm and seed, on the test histories at the best checkpoint: the Spearman correlation of each item's
+  mean λ⁰ with its true reliability (1 reliable, 0 not); the AUROC with which a low K (mean over blocks)
+  separates planted tokens (unreliable items and inserted items) from clean ones, P(K_planted < K_clean), for
+  both kinds together and apart; the same AUROC for λ⁰. 0.5 = no separation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import spearmanr
+from sklearn.metrics import roc_auc_score
+
+from bftrec.config import load_run_config
+from bftrec.data.batches import loo_split, windows
+from bftrec.data.synthetic import generate_with_truth
+from bftrec.report.stats import mde_seeds, seed_t_p, two_stage_bootstrap_ci
+from bftrec.train import build, typed_groups
+from bftrec.trainer import load_checkpoint, load_weights
+
+log = logging.getLogger("positive_control")
+K = 10
+# arm name -> (dataset, layer, tag) ; every arm is compared with standard on the same data
+ARMS = {"bft": ("pc_planted", "bft", ""), "bft_h": ("pc_planted", "bft_h", ""),
+        "bft tau=mlp": ("pc_planted", "bft", "tau=mlp"), "bft tau=lr100": ("pc_planted", "bft", "tau=lr100"),
+        "oracle (standard, planted inputs dropped)": ("pc_oracle", "standard", ""),
+        "clean null: bft": ("pc_clean", "bft", "")}
+BASE = {"pc_planted": ("pc_planted", "standard", ""), "pc_oracle": ("pc_planted", "standard", ""),
+        "pc_clean": ("pc_clean", "standard", "")}
+
+
+def find_runs(root: Path) -> dict:
+    """{(dataset, layer, tag): {seed: run dir}} of the finished runs (metrics.json present)."""
+    out: dict = {}
+    for m in sorted(root.rglob("metrics.json")):
+        d = json.loads(m.read_text())
+        out.setdefault((d["dataset"], d["layer"], d.get("tag") or ""), {})[d["seed"]] = m.parent
+    return out
+
+
+def user_truth(run_dir: Path) -> tuple[pd.DataFrame, dict, np.ndarray]:
+    """Per test user (internal index): last history item unreliable, noisy user; the data's ground truth
+    ({item id (internal) -> reliable}) and (nnz,) bool planted flags aligned to the data's item array."""
+    g = typed_groups(load_run_config(run_dir))
+    data, _, _ = build(g, torch.device("cpu"))
+    frame, truth = generate_with_truth(g["dataset"].synthetic)
+    if not np.array_equal(data.item_ids[data.items].astype(str), frame["item"].to_numpy(dtype=str)):
+        raise SystemExit(f"positive_control: the data of {run_dir} do not line up with the generator's frame")
+    reliable = np.array([True] + [truth["item_reliable"][str(i)] for i in data.item_ids[1:]])  # by internal id
+    split = loo_split(data.items, data.offsets, "test")
+    last = data.items[split.end - 1]
+    users = pd.DataFrame({"user": split.users, "unreliable_last": ~reliable[last],
+                          "noisy": [truth["noisy_user"][str(u)] for u in data.user_ids[split.users]]})
+    return users, {"reliable": reliable, "inserted": truth["inserted"], "data": data, "g": g}, truth["planted"]
+
+
+def hits(run_dir: Path) -> pd.Series:
+    r = pd.read_csv(run_dir / "ranks.csv.gz")
+    return pd.Series((r["rank"] <= K).astype(float).to_numpy(), index=r["user"].to_numpy())
+
+
+def compare(arm: dict, base: dict, users: pd.DataFrame) -> dict:
+    """Seed-unit HR@10 gain of ``arm`` over ``base`` ({seed: run dir}) per user group."""
+    seeds = sorted(set(arm) & set(base))
+    out = {"seeds": seeds}
+    groups = {"all users": np.ones(len(users), dtype=bool), "unreliable last item": users["unreliable_last"].to_numpy(),
+              "noisy users": users["noisy"].to_numpy()}
+    for name, sel in groups.items():
+        keep = users["user"].to_numpy()[sel]
+        pairs, gains = [], []
+        for s in seeds:
+            a, b = hits(arm[s]).loc[keep].to_numpy(), hits(base[s]).loc[keep].to_numpy()
+            pairs.append((a, b))
+            gains.append(a.sum() / b.sum() - 1 if b.sum() else None)
+        ci = two_stage_bootstrap_ci(pairs, seed_ids=seeds)
+        defined = all(g is not None for g in gains) and gains
+        out[name] = {"users": int(sel.sum()), "HR@10 arm": float(np.mean([p[0].mean() for p in pairs])),
+                     "HR@10 standard": float(np.mean([p[1].mean() for p in pairs])),
+                     "gain_seeds": float(np.mean(gains)) if defined else None,
+                     "seed_gains": gains, "p_seeds": seed_t_p(gains), "ci": ci,
+                     "mde_seeds": mde_seeds(gains) if defined else None}
+    return out
+
+
+@torch.no_grad()
+def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | None:
+    """Spearman(item mean λ⁰, reliability) and AUROCs of K and λ⁰ for planted tokens, on the test histories."""
+    ck_path = run_dir / "checkpoint.pt"
+    if not ck_path.exists():
+        return None
+    g = typed_groups(load_run_config(run_dir))
+    device = torch.device("cpu")
+    data, _, model = build(g, device)
+    ck = load_checkpoint(ck_path, device, fix="rerun the cell")
+    load_weights(model, ck, ck_path, "rerun the cell")
+    model.eval()
+    split = loo_split(data.items, data.offsets, "test")
+    L = g["model"].max_len
+    inserted = ctx["inserted"].astype(np.int64)
+    toks = {"item": [], "planted": [], "inserted": [], "K": [], "lam0": []}
+    for lo in range(0, len(split.users), 512):
+        sl = slice(lo, lo + 512)
+        x = windows(data.items, split.start[sl], split.end[sl], L)  # (B, L) left-padded item ids
+        p = windows(planted.astype(np.int64), split.start[sl], split.end[sl], L)  # (B, L) 1 = planted
+        ins = windows(inserted, split.start[sl], split.end[sl], L)
+        mech = model.mechanism({"item_seq": torch.from_numpy(x)})
+        valid = x != 0
+        k = torch.stack([lay["K"] for lay in mech["layers"]]).mean(0).numpy()  # (B, L) mean over blocks
+        toks["item"].append(x[valid])
+        toks["planted"].append(p[valid].astype(bool))
+        toks["inserted"].append(ins[valid].astype(bool))
+        toks["K"].append(k[valid])
+        toks["lam0"].append(mech["lam0"].numpy()[valid])
+    t = {k: np.concatenate(v) for k, v in toks.items()}
+    per_item = pd.DataFrame({"item": t["item"], "lam0": t["lam0"]}).groupby("item")["lam0"].mean()
+    rel = ctx["reliable"][per_item.index.to_numpy()].astype(float)
+    unrel = t["planted"] & ~t["inserted"]
+
+    def auroc(score: np.ndarray, pos: np.ndarray, among: np.ndarray) -> float | None:
+        y = pos[among]
+        return float(roc_auc_score(y, -score[among])) if 0 < y.sum() < len(y) else None
+
+    clean = ~t["planted"]
+    return {"tokens": int(len(t["K"])), "planted share": float(t["planted"].mean()),
+            "spearman lam0 vs reliable (items)": float(spearmanr(per_item.to_numpy(), rel).statistic),
+            "items": int(len(per_item)),
+            "AUROC low K, planted vs clean": auroc(t["K"], t["planted"], np.ones_like(clean)),
+            "AUROC low K, unreliable items vs clean": auroc(t["K"], unrel, unrel | clean),
+            "AUROC low K, inserted vs clean": auroc(t["K"], t["inserted"], t["inserted"] | clean),
+            "AUROC low lam0, planted vs clean": auroc(t["lam0"], t["planted"], np.ones_like(clean)),
+            "mean K planted / clean": [float(t["K"][t["planted"]].mean()), float(t["K"][clean].mean())]}
+
+
+def pct(x) -> str:
+    return "–" if x is None else f"{100 * x:+.1f}%"
+
+
+def markdown(out: dict) -> str:
+    lines = ["# Positive control: readouts", "", f"Generated by `python results/positive_control/readout.py "
+             f"--root {out['root']}`; statistics over training seeds (the unit of replication).", "",
+             "## HR@10 gain over `standard` on the same data (mean per-seed gain; p: t-test over seeds; "
+             "95% CI: two-stage bootstrap, seeds then users; MDE: gain detectable at power 0.8)", "",
+             "| arm | group | seeds | users | HR@10 standard | HR@10 arm | gain | p_seeds | 95% CI | MDE |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for arm, res in out["gains"].items():
+        for group in ("all users", "unreliable last item", "noisy users"):
+            r = res[group]
+            ci = f"[{pct(r['ci'][0])}, {pct(r['ci'][1])}]" if r["ci"] else "–"
+            p = "–" if r["p_seeds"] is None else f"{r['p_seeds']:.3g}"
+            mde = "–" if r["mde_seeds"] is None else f"{100 * r['mde_seeds']:.1f}%"
+            lines.append(f"| {arm} | {group} | {len(res['seeds'])} | {r['users']} | {r['HR@10 standard']:.4f} | "
+                         f"{r['HR@10 arm']:.4f} | {pct(r['gain_seeds'])} | {p} | {ci} | {mde} |")
+    lines += ["", "## Mechanism against the ground truth (test histories, best checkpoint; mean ± SD over seeds)", "",
+              "| arm | seeds | Spearman(λ⁰, reliable) | AUROC low K: planted | unreliable items | inserted | "
+              "AUROC low λ⁰: planted | mean K planted / clean |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for arm, per_seed in out["mechanism"].items():
+        rows = [v for v in per_seed.values() if v]
+        if not rows:
+            continue
+
+        def ms(key, rows=rows):
+            v = [r[key] for r in rows if r[key] is not None]
+            return "–" if not v else f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+        kp = np.mean([r["mean K planted / clean"] for r in rows], axis=0)
+        lines.append(f"| {arm} | {len(rows)} | {ms('spearman lam0 vs reliable (items)')} | "
+                     f"{ms('AUROC low K, planted vs clean')} | {ms('AUROC low K, unreliable items vs clean')} | "
+                     f"{ms('AUROC low K, inserted vs clean')} | {ms('AUROC low lam0, planted vs clean')} | "
+                     f"{kp[0]:.3f} / {kp[1]:.3f} |")
+    lines += ["", "Best validation epochs (of the fixed 30): " + "; ".join(
+        f"{k}: {v}" for k, v in out["best_epochs"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="the experiment's out_root (holds runs/)")
+    args = ap.parse_args(argv)
+    runs = find_runs(args.root / "runs")
+    if not runs:
+        raise SystemExit(f"positive_control: no finished run under {args.root / 'runs'}; run the experiment first")
+    out = {"root": str(args.root), "gains": {}, "mechanism": {}, "best_epochs": {}}
+    truth: dict = {}
+    for key, seeds in sorted(runs.items()):
+        out["best_epochs"][" ".join(x for x in key if x)] = {
+            s: json.loads((d / "metrics.json").read_text())["best_epoch"] for s, d in sorted(seeds.items())}
+    for arm, key in ARMS.items():
+        base_key = BASE[key[0]]
+        if key not in runs or base_key not in runs:
+            log.info("%s: no runs yet (needs %s and %s)", arm, key, base_key)
+            continue
+        ds = base_key[0]
+        if ds not in truth:
+            truth[ds] = user_truth(next(iter(runs[base_key].values())))
+        users, ctx, planted = truth[ds]
+        out["gains"][arm] = compare(runs[key], runs[base_key], users)
+        if key[1] != "standard" and key[0] == "pc_planted":
+            out["mechanism"][arm] = {s: mechanism_readout(d, ctx, planted) for s, d in sorted(runs[key].items())}
+    (args.root / "readout.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    (args.root / "readout.md").write_text(markdown(out))
+    log.info("positive_control: wrote %s and %s", args.root / "readout.json", args.root / "readout.md")
+
+
+if __name__ == "__main__":
+    main()
