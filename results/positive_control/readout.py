@@ -184,7 +184,7 @@ def markdown(out: dict) -> str:
                      f"{ms('AUROC low K, planted vs clean')} | {ms('AUROC low K, unreliable items vs clean')} | "
                      f"{ms('AUROC low K, inserted vs clean')} | {ms('AUROC low lam0, planted vs clean')} | "
                      f"{kp[0]:.3f} / {kp[1]:.3f} |")
-    lines += ["", "Best validation epochs (of the fixed 30): " + "; ".join(
+    lines += ["", "Best validation epochs (of the fixed 20): " + "; ".join(
         f"{k}: {v}" for k, v in out["best_epochs"].items())]
     return "\n".join(lines) + "\n"
 
