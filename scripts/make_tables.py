@@ -44,6 +44,8 @@ import functools
 import itertools
 import json
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -931,7 +933,55 @@ def runs_by_commit(runs: list[dict]) -> dict:
     return {sha: describe_missing(sorted(cells)) for sha, cells in sorted(per.items())}
 
 
-def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ()) -> str:
+PREREGISTRATION = "preregistration.md"
+
+
+def _git_dates(path: Path) -> list[str]:
+    """ISO commit dates (UTC, newest first) of the commits that touched ``path``; [] outside git."""
+    try:
+        out = subprocess.run(["git", "log", "--format=%cd", "--date=iso-strict-local", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, timeout=20,
+                             env={**os.environ, "TZ": "UTC"})
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def _git_dirty(path: Path) -> bool:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def preregistration_notes(roots, runs: list[dict]) -> list[str]:
+    """A ``preregistration.md`` in a folder above any ``--runs`` folder (up to 4 levels) must not change
+    after the first run that followed its first commit: one line per such file that did (a later commit,
+    or uncommitted edits), naming the commits' dates. Runs' start times (env.json) are UTC."""
+    found = []
+    for root in run_roots(roots):
+        for parent in list(Path(root).resolve().parents)[:4]:
+            f = parent / PREREGISTRATION
+            if f.exists() and f not in found:
+                found.append(f)
+    notes = []
+    for f in found:
+        dates = sorted(d[:19] for d in _git_dates(f))  # oldest first, YYYY-MM-DDTHH:MM:SS
+        if not dates:
+            continue
+        after = sorted(r["_env"].get("started", "")[:19] for r in runs if r["_env"].get("started", "")[:19] > dates[0])
+        if not after:
+            continue
+        late = [d for d in dates[1:] if d > after[0]]
+        if late or _git_dirty(f):
+            notes.append(f"**pre-registration changed after the first registered run** ({f}; first run {after[0]}; "
+                         f"later commits: {', '.join(late) or 'none'}{'; uncommitted edits' if _git_dirty(f) else ''})")
+    return notes
+
+
+def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = (), notes: list[str] = ()) -> str:
     shas = sorted({commit_label(r) for r in runs})
     hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
                  f"{r['_env'].get('threads', '?')} threads)" for r in runs})
@@ -960,7 +1010,11 @@ def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = ())
         lines += [f"  - {line}" for line in describe_missing(missing)]
     if ignored:
         lines.append(f"- left out: {len(ignored)} runs outside the grid ({'; '.join(ignored)})")
+    lines += [f"- {n}" for n in notes]
     return "\n".join(lines)
+
+
+META_KEYS = ("gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q", "mde")
 
 
 def meta_table(comp: pd.DataFrame) -> pd.DataFrame:
@@ -980,10 +1034,18 @@ def meta_table(comp: pd.DataFrame) -> pd.DataFrame:
             res = random_effects(ok["gain_seeds"].astype(float), ok["se_seeds"].astype(float) ** 2) if len(ok) else None
             rows.append({"layer": layer, "tag": tag, "endpoint": f"HR@10 {stratum}", "backbones": scope,
                          "pairs": len(ok), "pairs_left_out": len(sub) - len(ok),
-                         **({k: res[k] for k in ("gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q")} if res else
-                            {k: None for k in ("gain", "ci_lo", "ci_hi", "p", "tau2", "i2", "q")}),
+                         **({k: res[k] for k in META_KEYS} if res else {k: None for k in META_KEYS}),
                          "note": "" if res else "n/a (fewer than 2 pairs)"})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if len(out):  # Holm over the three pre-registered endpoints of one layer, tag and scope (p = 1 if untestable)
+        out["p_holm"] = None
+        out["p_holm"] = out["p_holm"].astype(object)
+        for _, idx in out.groupby(["layer", "tag", "backbones"], sort=False).groups.items():
+            ps = [1.0 if pd.isna(p) else float(p) for p in out.loc[idx, "p"]]
+            adj = holm(ps + [1.0] * (len(ENDPOINTS) - len(ps)))[:len(ps)]
+            out.loc[idx, "p_holm"] = [None if pd.isna(p) else a for p, a in zip(out.loc[idx, "p"], adj)]
+        out = out[[c for c in out.columns if c != "note"] + ["note"]]
+    return out
 
 
 def meta_markdown(meta: pd.DataFrame) -> pd.DataFrame:
@@ -991,10 +1053,12 @@ def meta_markdown(meta: pd.DataFrame) -> pd.DataFrame:
     out = meta.copy()
     for c in ("gain", "ci_lo", "ci_hi"):
         out[c] = [pct(x) for x in out[c]]
+    out["mde"] = ["–" if not _num(x) else f"{100 * x:.1f}%" for x in out["mde"]]
     out["p"] = [pval(x) for x in out["p"]]
+    out["p_holm"] = [pval(x) for x in out["p_holm"]]
     out["tau2"] = ["–" if not _num(x) else f"{x:.2g}" for x in out["tau2"]]
     out["i2"] = ["–" if not _num(x) else f"{100 * x:.0f}%" for x in out["i2"]]
-    names = {"tau2": "τ²", "i2": "I²", "ci_lo": "95% CI lo", "ci_hi": "95% CI hi"}
+    names = {"tau2": "τ²", "i2": "I²", "ci_lo": "95% CI lo", "ci_hi": "95% CI hi", "mde": "MDE (power 0.8)"}
     return out.drop(columns=["q"]).rename(columns=names)
 
 
@@ -1020,8 +1084,11 @@ def main(argv: list[str] | None = None) -> None:
     runs, missing, ignored = select_runs(args.runs, args.grid, args.allow_partial)
     groups = cells(runs)
     comp = comparisons(groups)
-    full = header(runs, missing, ignored)
-    note = run_note(runs, missing)
+    prereg = preregistration_notes(args.runs, runs)
+    for n in prereg:
+        logging.warning("make_tables: %s", n.replace("**", ""))
+    full = header(runs, missing, ignored, prereg)
+    note = "; ".join([n for n in [run_note(runs, missing)] if n] + [n.replace("**", "") for n in prereg])
     head = (f"- {len(runs)} runs{'; **' + note + '**' if note else ''}; generated by `python {' '.join(sys.argv)}`\n"
             "- protocol, commits, hardware, budgets and the statistics: [protocol.md](protocol.md)")
     stat_head = (f"{head}\n- gain cells: mean per-seed gain (p_seeds: t-test over seeds; p_Holm over the three "
@@ -1056,10 +1123,11 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / "meta.md").write_text(
             "# Random-effects meta-analysis over (dataset, backbone) pairs\n\n"
             f"{head}\n- per layer, pre-registered endpoint and scope: the pooled relative gain (Paule-Mandel τ², "
-            "normal "
-            "95% CI, two-sided p), each pair weighted by 1 / (se_seeds² + τ²), se_seeds the two-stage bootstrap's "
-            "standard error (retraining and test-user noise); I²: the share of the spread between pairs beyond "
-            "their own uncertainty\n\n"
+            "95% CI and two-sided p from t with pairs − 1 degrees of freedom; p_holm: Holm over the three "
+            "endpoints of one layer and scope), each pair weighted by 1 / (se_seeds² + τ²), se_seeds the two-stage "
+            "bootstrap's standard error (retraining and test-user "
+            "noise); I²: the share of the spread between pairs beyond their own uncertainty; MDE: the pooled gain the "
+            "test detects at power 0.8\n\n"
             f"{meta_markdown(meta).to_markdown(index=False) if len(meta) else '(no comparison)'}\n")
         wrote += [args.out / "meta.csv", args.out / "meta.md"]
     print(f"make_tables: wrote {len(wrote)} files to {args.out}: {', '.join(p.name for p in wrote)}")

@@ -1,7 +1,7 @@
 """Tests of the BERT4Rec (post-LN) and HSTU (sandwich) BFT twins (``bftrec.models.bert4rec_bft``,
 ``bftrec.models.hstu_bft``, the §4 maths in ``bftrec.layers.precision``).
 
-Against ``../shared/docs/BFT.md``: §5.1 degenerate case (and learned precision is not vacuous), §4
+Against ``docs/BFT.md``: §5.1 degenerate case (and learned precision is not vacuous), §4
 sandwich center/meat and shrinkage against naive computations, §4 relative reliability (uniform λ̄
 gives back w, leak-free normaliser), §5.4 no leakage in the causal HSTU model, §2/§3 post-LN rules and
 §4 output variance through a float64 reference of each block (the BERT4Rec post-LN Jacobian against

@@ -88,12 +88,16 @@ def test_two_stage_interval_needs_two_seeds_and_a_baseline_hit():
 
 def test_random_effects_matches_a_hand_computed_paule_mandel_case():
     # effects 0.1 and 0.3, variances 0.01: Q = 2, so Paule-Mandel tau2 solves 0.02 / (0.01 + tau2) = 1 -> 0.01;
-    # pooled 0.2 with SE sqrt(1 / (2 / 0.02)) = 0.1; I2 = (Q - 1) / Q = 0.5
+    # pooled 0.2 with SE sqrt(1 / (2 / 0.02)) = 0.1, interval and p from t(1); I2 = (Q - 1) / Q = 0.5
     r = st.random_effects([0.1, 0.3], [0.01, 0.01])
     assert r["gain"] == pytest.approx(0.2) and r["tau2"] == pytest.approx(0.01, rel=1e-3)
-    assert r["ci_lo"] == pytest.approx(0.2 - 1.959964 * 0.1, rel=1e-3) and r["i2"] == pytest.approx(0.5)
+    assert r["ci_lo"] == pytest.approx(0.2 - t.ppf(0.975, 1) * 0.1, rel=1e-3) and r["i2"] == pytest.approx(0.5)
+    assert r["p"] == pytest.approx(2 * t.sf(2.0, 1), rel=1e-3)  # t with k - 1 = 1 degree of freedom
     same = st.random_effects([0.05, 0.05, 0.05], [0.001, 0.002, 0.004])
     assert same["gain"] == pytest.approx(0.05) and same["tau2"] == pytest.approx(0.0, abs=1e-12)
+    se = (1 / (1 / 0.001 + 1 / 0.002 + 1 / 0.004)) ** 0.5  # fixed-effect SE, as tau2 = 0
+    crit, nc = t.ppf(0.975, 2), same["mde"] / se  # at a true pooled gain of mde the t(2) test has power 0.8
+    assert nct.sf(crit, 2, nc) + nct.cdf(-crit, 2, nc) == pytest.approx(0.8, abs=1e-3)
     assert st.random_effects([0.1], [0.01]) is None and st.random_effects([0.1, 0.2], [0.01, 0.0]) is None
 
 

@@ -87,7 +87,7 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     assert (comp["flags"].str.startswith("TRIAL") | comp["flags"].str.contains("capped")).all()
     assert "capped while validation rose" in (runs / "tables" / "overall.md").read_text()
     meta = pd.read_csv(runs / "tables" / "meta.csv")
-    assert set(meta["endpoint"]) == {"HR@10 overall", "HR@10 Q0", "HR@10 cold"}
+    assert set(meta["endpoint"]) == {"HR@10 overall", "HR@10 Q0", "HR@10 cold"} and "p_holm" in meta
 
 
 def test_budget_line_states_min_epochs(runs, tmp_path):
@@ -518,3 +518,40 @@ def test_amp_counts_only_where_it_took_effect(runs, tmp_path):
     set_run(1, True, "cuda", "cpu")  # started on a GPU in bf16, resumed on the CPU: env.json says cpu
     with pytest.raises(SystemExit, match="differ at trainer.amp"):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t3")])
+
+
+def _git(cwd, *args, date=None):
+    import os
+    import subprocess
+
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    if date:
+        env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("edit_date, reported", [("2026-12-05T23:00:00+00:00", False),
+                                                 ("2026-12-06T12:00:00+00:00", True)])
+def test_a_preregistration_changed_after_the_first_run_is_reported(runs, tmp_path, edit_date, reported):
+    """issue 46: a pre-registration committed before the runs, then edited before (allowed) or after the first
+    run started (reported in the tables' header, short and full)."""
+    import shutil
+
+    study = tmp_path / "study"
+    shutil.copytree(runs / "runs", study / "runs")
+    for env in (study / "runs").rglob("env.json"):
+        env.write_text(json.dumps({**json.loads(env.read_text()), "started": "2026-12-06T07:00:00"}))
+    _git(study, "init", "-q")
+    (study / "preregistration.md").write_text("primary endpoint: cold users\n")
+    _git(study, "add", "preregistration.md")
+    _git(study, "commit", "-qm", "register", date="2026-12-05T20:00:00+00:00")
+    (study / "preregistration.md").write_text("primary endpoint: overall\n")
+    _git(study, "commit", "-qam", "edit", date=edit_date)
+    _make_tables().main(["--runs", str(study / "runs"), "--out", str(tmp_path / "t")])
+    short = (tmp_path / "t" / "overall.md").read_text().split("\n|")[0]
+    full = (tmp_path / "t" / "protocol.md").read_text()
+    for text in (short, full):
+        assert ("pre-registration changed after the first registered run" in text) == reported
+    if reported:
+        assert "later commits: 2026-12-06T12:00:00" in full

@@ -1,4 +1,4 @@
-"""The Bayesian Filtering Transformer layer (``layer=bft``, ``layer=bft_h``), as in ``../shared/docs/BFT.md``.
+"""The Bayesian Filtering Transformer layer (``layer=bft``, ``layer=bft_h``), as in ``docs/BFT.md``.
 
 Source: Long et al., "Precision Tracked Transformer via Kalman Filtering, Kriging and Process Noise"
 (arXiv 2605.18832, 2026). Labels follow BFT.md: **[paper]** = stated by the paper's summary,

@@ -1,4 +1,4 @@
-"""Pure precision math of the BFT layer (``../shared/docs/BFT.md``, cited below as BFT.md).
+"""Pure precision math of the BFT layer (``docs/BFT.md``, cited below as BFT.md).
 
 Every function here is stateless and backbone-agnostic, so the pre-LN (SASRec), post-LN (BERT4Rec)
 and sandwich (HSTU) twins (``bftrec/models/*_bft.py``) share one implementation of each formula; §4's

@@ -71,15 +71,10 @@ import torch
 from torch import nn
 
 from bftrec.config import ConfigError, check_choice
-from bftrec.layers import Masks, build_masks, build_stack
+from bftrec.layers import build_masks, build_stack
 from bftrec.mechanism import score_position
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, full_scores, next_item_loss
-from bftrec.models.sasrec import (  # shared: the attention is mask-driven
-    POSITIONS,
-    PointWiseFFN,
-    SelfAttention,
-    position_ids,
-)
+from bftrec.models.blocks import POSITIONS, BERT4RecBlock, position_ids  # noqa: F401  (BERT4RecBlock: its home)
 
 HEADS = ("mlm", "tied")
 
@@ -103,30 +98,6 @@ class BERT4RecConfig:
     last_item_mask_share: float = 0.1   # share of training sequences that mask only the last item
     head: str = "mlm"                   # mlm: GELU(W h + b) -> LN, tied + bias (reference) | tied: tied only
     positions: str = "from_end"         # from_end: last column = max_len - 1 | from_start: first item = 0 (references)
-
-
-class BERT4RecBlock(nn.Module):
-    """Post-LN bidirectional block (BERT): ``h' = LN1(h + drop(Attn(h)))``, ``h'' = LN2(h' + drop(FFN(h')))``.
-
-    Submodules: ``attn.qkv``, ``attn.out``, ``ln1``, ``ffn.w1``, ``ffn.w2``, ``ln2``. Note that in this
-    post-LN block ``ln1`` follows attention and ``ln2`` follows the FFN (BFT.md §2/§3 post-LN rules).
-    ``masks.attn`` is the padding mask only (``causal=False``); the block never builds masks.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, attn_dropout: float) -> None:
-        super().__init__()
-        self.attn = SelfAttention(d_model, n_heads, attn_dropout)
-        self.ln1 = nn.LayerNorm(d_model)
-        self.ffn = PointWiseFFN(d_model, d_ff)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, h: torch.Tensor, masks: Masks, last_only: bool = False, **ctx) -> torch.Tensor:
-        """h (B, L, D) float -> (B, L, D), or (B, 1, D) for the last position only with ``last_only``;
-        ``ctx`` (e.g. HSTU's ``time_bucket``) is unused."""
-        a = self.attn(h, masks, last_only)  # (B, L or 1, D)
-        h = self.ln1((h[:, -1:] if last_only else h) + self.drop(a))
-        return self.ln2(h + self.drop(self.ffn(h)))
 
 
 @MODELS.register("bert4rec")

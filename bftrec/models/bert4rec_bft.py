@@ -1,4 +1,4 @@
-"""BFT twin of the post-LN ``BERT4RecBlock`` (``../shared/docs/BFT.md`` §1, §2 post-LN rule, §3 post-LN Jacobian, §7).
+"""BFT twin of the post-LN ``BERT4RecBlock`` (``docs/BFT.md`` §1, §2 post-LN rule, §3 post-LN Jacobian, §7).
 
 Registered for ``layer=bft`` / ``layer=bft_h`` when this module is imported (``bftrec/models/__init__.py``).
 Labels follow BFT.md: **[paper]** = stated by the paper's summary, **[bftrec]** = our completion.

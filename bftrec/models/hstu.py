@@ -98,7 +98,7 @@ from bftrec.models.base import (
     next_item_loss,
     next_item_targets,
 )
-from bftrec.models.sasrec import POSITIONS, position_ids
+from bftrec.models.blocks import POSITIONS, position_ids
 
 ATTN_NORMS = ("max_len", "valid")
 TIME_BUCKET_DIVISOR = 0.301  # reference bucketisation: floor(ln(max(|Δt|, 1)) / 0.301)

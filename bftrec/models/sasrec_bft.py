@@ -1,4 +1,4 @@
-"""BFT twin of the pre-LN ``SASRecBlock`` (``../shared/docs/BFT.md`` §1–§3, §7).
+"""BFT twin of the pre-LN ``SASRecBlock`` (``docs/BFT.md`` §1–§3, §7).
 
 Registered for ``layer=bft`` / ``layer=bft_h`` when this module is imported (``bftrec/models/__init__.py``).
 Labels follow BFT.md: **[paper]** = stated by the paper's summary, **[bftrec]** = our completion. The

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from bftrec.data.config import DatasetConfig
-from bftrec.data.datasets import dataset_config, dataset_names, load_dataset
+from bftrec.data.datasets import CONFIG_DIR, dataset_config, dataset_names, load_dataset
 from bftrec.data.preprocess import preprocess
 from bftrec.data.readers import read
 
@@ -43,7 +44,8 @@ SOURCE = {
 # after preprocessing: the same, except ML-100K, the only raw (not k-core) set, which gets a 5-core
 PROCESSED = {**SOURCE, "ml-100k": (943, 1_349, 99_287)}
 TIMESTAMPED = {"sports", "beauty", "yelp", "instruments-2014", "ml-100k", "ml-1m-ts"}
-REAL = [n for n in dataset_names() if n != "synthetic"]
+REAL = [n for n in dataset_names()  # generated data sets (the default, the positive control's) have no source
+        if yaml.safe_load((CONFIG_DIR / f"{n}.yaml").read_text()).get("format") != "synthetic"]
 
 
 @pytest.fixture(scope="session")
