@@ -555,3 +555,12 @@ def test_a_preregistration_changed_after_the_first_run_is_reported(runs, tmp_pat
         assert ("pre-registration changed after the first registered run" in text) == reported
     if reported:
         assert "later commits: 2026-12-06T12:00:00" in full
+
+
+def test_runs_with_different_injection_rates_are_never_pooled(runs, tmp_path):
+    """issue 46 item 3: seeds of one cell trained at different dataset.inject_rate are refused, not averaged."""
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    _edit_config(root / "bft" / "seed1", lambda c: c["dataset"].update(inject_rate=0.3))
+    with pytest.raises(SystemExit, match="inject_rate"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])

@@ -66,6 +66,8 @@ class DatasetConfig:
     expected: ExpectedStats = field(default_factory=ExpectedStats)  # raw-read statistics to check
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # only for format=synthetic
     citation: str = ""  # how to cite the data and its preprocessing
+    inject_rate: float = 0.0  # random items inserted into the training histories per interaction, [0, 1)
+    inject_seed: int = 0  # generator seed of the injection (bftrec.data.inject)
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -80,6 +82,9 @@ def check_config(cfg: DatasetConfig) -> None:
         )
     if cfg.kcore < 0:
         raise ValueError(f"dataset {cfg.name!r}: kcore={cfg.kcore} must be 0 (none) or a positive k")
+    if not 0.0 <= cfg.inject_rate < 1.0:
+        raise ValueError(f"dataset {cfg.name!r}: inject_rate={cfg.inject_rate} must be in [0, 1) (expected random "
+                         "items injected per training interaction; 0 = off)")
     s = cfg.synthetic
     problems = []
     if s.n_users < 1 or s.n_items < 2:

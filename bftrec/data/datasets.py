@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bftrec.data.config import DatasetConfig, check_config
+from bftrec.data.inject import inject_random_items
 from bftrec.data.preprocess import SeqData, preprocess
 from bftrec.data.readers import READERS
 from bftrec.data.synthetic import generate
@@ -234,6 +235,12 @@ def load_dataset(cfg: Union[DatasetConfig, DictConfig, dict], data_root: Optiona
     statistics that differ from ``cfg.expected``, or an impossible config.
     """
     cfg = to_dataset_config(cfg, where=f"dataset config {getattr(cfg, 'name', '?')!r}")
+    data = _load_clean(cfg, data_root, cache_dir, use_cache)
+    return inject_random_items(data, cfg.inject_rate, cfg.inject_seed)  # identity at rate 0 (the default)
+
+
+def _load_clean(cfg: DatasetConfig, data_root: Optional[str], cache_dir: Optional[str], use_cache: bool) -> SeqData:
+    """``load_dataset`` before the optional injection (``bftrec.data.inject``): read, preprocess, cache."""
     if cfg.format == "synthetic":
         data = preprocess(generate(cfg.synthetic), cfg)
         _check_expected(cfg, data.stats, "<synthetic>")
