@@ -86,6 +86,11 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
         if taken:
             raise ConfigError(f"--out {out_dir} already holds {taken[0]} (a run or an earlier re-score), which "
                               "bftrec-eval never overwrites; choose a new folder (or omit --out)")
+    unfinished = not (run_dir / "metrics.json").exists()
+    if unfinished:  # killed or failed: checkpoint.pt holds the best epoch so far, not the run's final choice
+        why = (run_dir / "FAILED").read_text().strip() if (run_dir / "FAILED").exists() else "no metrics.json"
+        log.warning("bftrec-eval: %s is an unfinished run (%s): scoring its best checkpoint so far; the output's "
+                    "metrics.json says so (source_run_finished: false)", run_dir, why.splitlines()[0][:200])
     cfg = load_run_config(run_dir)  # a run written before bft.units existed loads as units=h (BFT v1)
     for key, value in asdict(EvalConfig()).items():  # a run older than an eval key was scored at its default
         if key not in cfg.eval:
@@ -115,7 +120,8 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len, ck.get("tau_start"))  # λ⁰'s start
     metrics = {"dataset": ds.name, "model": g["model"].name, "layer": g["layer"].name, "seed": root.seed,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
-               "rescored_from": str(run_dir), "overrides": overrides, "best_epoch": ck.get("epoch"),
+               "rescored_from": str(run_dir), "source_run_finished": not unfinished, "overrides": overrides,
+               "best_epoch": ck.get("epoch"),
                "data": data.stats, **metrics}
     if out_dir is None:  # created exclusively: two re-scores started in one second get eval_<time>_2
         out_dir = fresh_dir(run_dir / f"eval_{datetime.now():%Y%m%d-%H%M%S}")

@@ -377,6 +377,21 @@ def test_same_results_finds_identical_and_changed_cells(runs, tmp_path, capsys):
     assert same.main([str(runs / "runs"), str(runs / "runs" / "bft")]) == 0  # a subset matches too
 
 
+def test_same_results_calls_a_last_bit_difference_the_same(runs, tmp_path, capsys):
+    """issue 47: an exact rerun whose MRR differs by 3.7e-8 relative is the same result, not 'differ'."""
+    import shutil
+
+    same = load_script("same_results")
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    m = tmp_path / "runs" / "bft" / "seed1" / "metrics.json"
+    d = json.loads(m.read_text())
+    d["test"]["overall"]["MRR"] *= 1 + 3.7e-8
+    m.write_text(json.dumps(d))
+    assert same.main([str(runs / "runs"), str(tmp_path / "runs")]) == 0
+    assert "same within rtol 1e-06 (largest relative difference 3.7e-08)" in capsys.readouterr().out
+    assert same.main([str(runs / "runs"), str(tmp_path / "runs"), "--rtol", "1e-9"]) == 1
+
+
 def test_every_layer_is_compared_with_standard_side_by_side(runs, tmp_path):
     mt = _make_tables()
     root = _copy(runs, tmp_path)

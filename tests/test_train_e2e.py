@@ -65,6 +65,19 @@ def test_rescore_writes_new_folder_and_keeps_the_run(tmp_path):
     assert (tmp_path / "run" / "metrics.json").read_text() == before
     first = json.loads(before)
     assert m["test"]["overall"]["HR@10"] == first["test"]["overall"]["HR@10"]
+    assert m["source_run_finished"] is True
+
+
+def test_rescoring_an_unfinished_run_says_so(tmp_path, caplog):
+    """issue 47: a killed run (checkpoint.pt, no metrics.json) is re-scored with a warning, and the output says so."""
+    import logging
+
+    run(smoke_cfg(tmp_path), tmp_path / "run")
+    (tmp_path / "run" / "metrics.json").unlink()  # as a run killed after its best epoch was saved
+    with caplog.at_level(logging.WARNING, logger="bftrec"):
+        m = rescore(tmp_path / "run", [], tmp_path / "re")
+    assert "is an unfinished run" in caplog.text and m["source_run_finished"] is False
+    assert json.loads((tmp_path / "re" / "metrics.json").read_text())["source_run_finished"] is False
 
 
 @pytest.mark.parametrize("override, message", [
