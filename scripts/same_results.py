@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         diff = first_difference(a[k]["test"], b[k]["test"], rtol=args.rtol)
         differ += diff is not None
         worst = largest_relative_difference(a[k]["test"], b[k]["test"])
-        same = "identical" if worst == 0 else f"same within rtol {args.rtol:g} (largest relative difference {worst:.1e})"
+        same = ("identical" if worst == 0 else
+                f"same within rtol {args.rtol:g} (largest relative difference {worst:.1e})")
         print(f"{'/'.join(str(x) for x in k if x != '')}: {same if diff is None else 'differs at ' + diff}")
     print(f"{len(common)} cells in both folders; {len(common) - differ} the same within rtol {args.rtol:g}, "
           f"{differ} differ")
