@@ -8,8 +8,11 @@ cell is compared with the standard cell of the same tag, else the tag-less one).
 do not change on a rerun:
 
 - ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of every non-standard layer over the
-  standard layer in test HR@10 / NDCG@10 — (mean_layer - mean_std) / mean_std over the seeds both
-  layers have (``make_tables.matched_seeds``) — per stratum
+  standard layer in test HR@10 / NDCG@10 with the training seed as the unit — the mean of the per-seed gains
+  over the seeds both layers have (``make_tables.matched_seeds``), its 95% interval as an error bar and
+  ``*`` (p_seeds < 0.05) or ``**`` (p_Holm < 0.05 on a pre-registered endpoint), the same numbers as the
+  tables' comparisons when the runs have rank tables (else a t interval over seeds), on a symmetric-log
+  axis — per stratum
   (item-frequency bins Q0.. of the test target, cold and warm users); one panel per dataset, one bar
   per (backbone, layer). A gain that cannot be computed (the standard layer has no hit) is marked
   "n/a" in a dashed box at 0, never drawn as an empty (+0%) bar.
@@ -32,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from scipy.stats import t as t_dist
 
 _spec = importlib.util.spec_from_file_location("make_tables", Path(__file__).with_name("make_tables.py"))
 make_tables = importlib.util.module_from_spec(_spec)
@@ -110,16 +114,47 @@ def save(fig: Figure, path: Path, note: str = "") -> Figure:
     return fig
 
 
-def gain_figure(groups: dict, metric: str, path: Path, note: str = "") -> Figure | None:
+def seed_unit_bar(rs: list[dict], base: list[dict], stratum: str, metric: str, row: dict | None) -> tuple:
+    """(gain %, lo %, hi %, mark) of one bar, the training seed as the unit: from the table's comparison row
+    (``make_tables.comparisons``: mean per-seed gain, its two-stage interval, ``*`` for p_seeds < 0.05 and
+    ``**`` for p_Holm < 0.05 on a pre-registered endpoint) when given, else from metrics.json alone (mean
+    per-seed gain and a t interval over seeds, ``*`` for p_seeds < 0.05). NaN where undefined."""
+    if row is not None:
+        g, lo, hi = (row.get(k) for k in ("gain_seeds", "ci_lo_seeds", "ci_hi_seeds"))
+        p, ph = row.get("p_seeds"), row.get("p_holm_seeds")
+    else:
+        where = next((i for i, b in enumerate(rs[0]["test"]["by_item_freq"]) if b["bin"] == stratum),
+                     {"cold": "cold_users", "warm": "warm_users"}.get(stratum, stratum))
+        gains = [x for _, x in make_tables.seed_gain_values(rs, base, where, metric)]
+        ok = bool(gains) and all(x is not None and np.isfinite(x) for x in gains)
+        g = float(np.mean(gains)) if ok else None
+        lo = hi = None
+        if ok and len(gains) > 1:
+            half = t_dist.ppf(0.975, len(gains) - 1) * np.std(gains, ddof=1) / np.sqrt(len(gains))
+            lo, hi = g - half, g + half
+        p, ph = (make_tables.seed_t_p(gains) if ok else None), None
+    def num(x):
+        return np.nan if x is None or pd.isna(x) else 100 * float(x)
+    mark = "**" if ph is not None and not pd.isna(ph) and ph < 0.05 else (
+        "*" if p is not None and not pd.isna(p) and p < 0.05 else "")
+    return num(g), num(lo), num(hi), mark
+
+
+def gain_figure(groups: dict, metric: str, path: Path, note: str = "", comp: pd.DataFrame | None = None
+                ) -> Figure | None:
+    """Per dataset, the gain (%) of every non-standard layer over standard in each stratum, the training seed
+    as the unit (``seed_unit_bar``), with its 95% interval as an error bar and ``*``/``**`` for significance;
+    a symmetric-log axis (linear within ±10%), so that a tiny stratum's +800% leaves the others readable."""
+    look = make_tables._lookup(comp) if comp is not None else {}
     panels: dict[str, list] = {}
     for key, rs in sorted(groups.items()):
         ds, model, tag, layer = key
         base = make_tables.baseline(groups, key) if layer != "standard" else None
         if base:
             rs, base = make_tables.matched_seeds(rs, base)  # seed s against seed s, as in the tables
-            b, s = stats(rs, "test", metric), stats(base, "test", metric)
-            g = {n: 100 * (b[n][0] - s[n][0]) / s[n][0] if s[n][0] else np.nan for n in b}
-            panels.setdefault(ds, []).append((name(model, tag, layer), g, rs[0], f"{len(rs)} vs {len(base)} seeds"))
+            names = [n for n, _ in strata(rs[0], "test")]
+            bars = {n: seed_unit_bar(rs, base, n, metric, look.get(key + (n, metric))) for n in names}
+            panels.setdefault(ds, []).append((name(model, tag, layer), bars, rs[0], f"{len(rs)} vs {len(base)} seeds"))
     if not panels:
         log.info("skipped %s: no (dataset, model) with both standard and another layer", path.name)
         return None
@@ -128,17 +163,28 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "") -> Figure
     for ax, (ds, series) in zip(axes, panels.items()):
         names = list(series[0][1])
         width = 0.8 / len(series)
-        for i, (lab, g, _, seeds) in enumerate(series):
+        for i, (lab, bars, _, seeds) in enumerate(series):
             x = np.arange(len(names)) + (i - (len(series) - 1) / 2) * width
-            vals = np.array([g.get(n, np.nan) for n in names], dtype=float)
+            vals, lo, hi, marks = (np.array(v, dtype=object if j == 3 else float)
+                                   for j, v in enumerate(zip(*[bars[n] for n in names])))
             ax.bar(x, vals, width, label=f"{lab} ({seeds})", color=colors[lab])
+            err = ~np.isnan(lo) & ~np.isnan(vals)
+            if err.any():
+                ax.errorbar(x[err], vals[err], yerr=[vals[err] - lo[err], hi[err] - vals[err]], fmt="none",
+                            ecolor="black", elinewidth=0.7, capsize=2)
+            for xi, v, h, m in zip(x, vals, np.where(np.isnan(hi), vals, hi), marks):
+                if m and not np.isnan(v):
+                    ax.text(xi, max(v, h, 0), m, ha="center", va="bottom", fontsize=7)
             for xi in x[np.isnan(vals)]:  # undefined gain: a marked gap, not a bar of height 0
                 ax.text(xi, 0, "n/a", ha="center", va="bottom", rotation=90, fontsize=6, color=colors[lab],
                         bbox={"boxstyle": "square,pad=0.2", "fc": "white", "ec": colors[lab], "ls": "--", "lw": 0.6})
         ax.axhline(0, color="black", lw=0.8)
+        ax.set_yscale("symlog", linthresh=10)
         strata_axis(ax, tick_labels(series[0][2]))
         ax.set_title(ds)
         ax.set_ylabel(f"gain over standard in {metric} (%)")
+        ax.text(0.0, -0.02, "bars: 95% CI, seeds as the unit; * p_seeds < 0.05; ** p_Holm < 0.05; symlog axis",
+                transform=ax.transAxes, fontsize=6, va="top", color="dimgray")
         legend(ax, len(series))
     return save(fig, path, note)
 
@@ -224,8 +270,10 @@ def main(argv: list[str] | None = None) -> None:
         log.warning("partial: %d cells missing (%s)", len(missing), "; ".join(make_tables.describe_missing(missing)))
     groups = make_tables.cells(runs)
     note = make_tables.run_note(runs, missing)
-    gain_figure(groups, "HR@10", args.out / "gain_by_bin.png", note)
-    gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png", note)
+    ranked = all(r["_ranks"].exists() for rs in groups.values() for r in rs)
+    comp = make_tables.comparisons(groups) if ranked else None  # the tables' seed-unit rows, when ranks exist
+    gain_figure(groups, "HR@10", args.out / "gain_by_bin.png", note, comp)
+    gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png", note, comp)
     k_figure(groups, args.out / "k_by_bin.png", note)
     curves_figure(groups, args.out / "training_curves.png", note)
 

@@ -12,9 +12,10 @@ inserted, which users are noisy), and writes ``<root>/readout.json`` and ``<root
   seeds, two-stage bootstrap interval, the gain detectable at power 0.8), for all users, for the users whose
   last history item is unreliable (the item to predict does not depend on it) and for the noisy users;
 - per BFT arm and seed, on the test histories at the best checkpoint: the Spearman correlation of each item's
-  mean λ⁰ with its true reliability (1 reliable, 0 not); the AUROC with which a low K (mean over blocks)
-  separates planted tokens (unreliable items and inserted items) from clean ones, P(K_planted < K_clean), for
-  both kinds together and apart; the same AUROC for λ⁰. 0.5 = no separation.
+  mean λ⁰ with its true reliability (1 reliable, 0 not); the AUROC with which K (mean over blocks) separates
+  planted tokens (unreliable items and inserted items) from clean ones, P(K_planted > K_clean), for both kinds
+  together and apart (a Kalman filter that knows a token is unreliable trusts it less and the context more:
+  a higher gain K on the observation, docs/BFT.md §2); and P(λ⁰_planted < λ⁰_clean). 0.5 = no separation.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from sklearn.metrics import roc_auc_score
 from bftrec.config import load_run_config
 from bftrec.data.batches import loo_split, windows
 from bftrec.data.synthetic import generate_with_truth
+from bftrec.layers import masked_softmax
 from bftrec.report.stats import mde_seeds, seed_t_p, two_stage_bootstrap_ci
 from bftrec.train import build, typed_groups
 from bftrec.trainer import load_checkpoint, load_weights
@@ -135,18 +137,68 @@ def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | N
     unrel = t["planted"] & ~t["inserted"]
 
     def auroc(score: np.ndarray, pos: np.ndarray, among: np.ndarray) -> float | None:
+        """P(score of a positive > score of a negative) among the selected tokens."""
         y = pos[among]
-        return float(roc_auc_score(y, -score[among])) if 0 < y.sum() < len(y) else None
+        return float(roc_auc_score(y, score[among])) if 0 < y.sum() < len(y) else None
 
     clean = ~t["planted"]
     return {"tokens": int(len(t["K"])), "planted share": float(t["planted"].mean()),
             "spearman lam0 vs reliable (items)": float(spearmanr(per_item.to_numpy(), rel).statistic),
             "items": int(len(per_item)),
-            "AUROC low K, planted vs clean": auroc(t["K"], t["planted"], np.ones_like(clean)),
-            "AUROC low K, unreliable items vs clean": auroc(t["K"], unrel, unrel | clean),
-            "AUROC low K, inserted vs clean": auroc(t["K"], t["inserted"], t["inserted"] | clean),
-            "AUROC low lam0, planted vs clean": auroc(t["lam0"], t["planted"], np.ones_like(clean)),
+            "AUROC high K, planted vs clean": auroc(t["K"], t["planted"], np.ones_like(clean)),
+            "AUROC high K, unreliable items vs clean": auroc(t["K"], unrel, unrel | clean),
+            "AUROC high K, inserted vs clean": auroc(t["K"], t["inserted"], t["inserted"] | clean),
+            "AUROC low lam0, planted vs clean": auroc(-t["lam0"], t["planted"], np.ones_like(clean)),
             "mean K planted / clean": [float(t["K"][t["planted"]].mean()), float(t["K"][clean].mean())]}
+
+
+@torch.no_grad()
+def attention_readout(run_dir: Path, planted: np.ndarray) -> dict | None:
+    """``standard`` arms: the attention mass each history token receives from the scoring position (the
+    last query; mean over heads and blocks), and the AUROC with which a low mass separates planted tokens
+    from clean ones, P(mass_planted < mass_clean), overall and among the tokens at each distance from the
+    end (attention favours recent tokens; the mean of the per-distance AUROCs, weighted by tokens)."""
+    ck_path = run_dir / "checkpoint.pt"
+    if not ck_path.exists():
+        return None
+    g = typed_groups(load_run_config(run_dir))
+    data, _, model = build(g, torch.device("cpu"))
+    load_weights(model, load_checkpoint(ck_path, torch.device("cpu"), fix="rerun the cell"), ck_path, "rerun")
+    model.eval()
+    seen: list = []
+
+    def hook(mod, args, _out):  # args = (x (B, T, D), masks, ...): the block's attention input
+        q, k, _ = mod.heads(args[0])  # (B, H, T, d) each
+        logits = q[:, :, -1:] @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, H, 1, T)
+        seen.append(masked_softmax(logits, args[1].attn[:, :, -1:]).mean(1)[:, 0])  # (B, T)
+
+    handles = [b.attn.register_forward_hook(hook) for b in model.stack.blocks]
+    split = loo_split(data.items, data.offsets, "test")
+    L = g["model"].max_len
+    mass, pl, dist = [], [], []
+    for lo in range(0, len(split.users), 512):
+        sl = slice(lo, lo + 512)
+        x = windows(data.items, split.start[sl], split.end[sl], L)  # (B, L)
+        p = windows(planted.astype(np.int64), split.start[sl], split.end[sl], L)
+        seen.clear()
+        model.encode(torch.from_numpy(x))
+        m = torch.stack(seen).mean(0).numpy()  # (B, L) mean over blocks
+        valid = x != 0
+        mass.append(m[valid])
+        pl.append(p[valid].astype(bool))
+        dist.append(np.broadcast_to(np.arange(L)[::-1], x.shape)[valid])
+    for h in handles:
+        h.remove()
+    mass, pl, dist = np.concatenate(mass), np.concatenate(pl), np.concatenate(dist)
+    per, weights = [], []
+    for d in np.unique(dist):
+        sel = dist == d
+        if 0 < pl[sel].sum() < sel.sum():
+            per.append(roc_auc_score(pl[sel], -mass[sel]))
+            weights.append(sel.sum())
+    return {"AUROC low attention, planted vs clean": float(roc_auc_score(pl, -mass)),
+            "same, within each distance from the end": float(np.average(per, weights=weights)),
+            "mean attention planted / clean": [float(mass[pl].mean()), float(mass[~pl].mean())]}
 
 
 def pct(x) -> str:
@@ -169,7 +221,7 @@ def markdown(out: dict) -> str:
             lines.append(f"| {arm} | {group} | {len(res['seeds'])} | {r['users']} | {r['HR@10 standard']:.4f} | "
                          f"{r['HR@10 arm']:.4f} | {pct(r['gain_seeds'])} | {p} | {ci} | {mde} |")
     lines += ["", "## Mechanism against the ground truth (test histories, best checkpoint; mean ± SD over seeds)", "",
-              "| arm | seeds | Spearman(λ⁰, reliable) | AUROC low K: planted | unreliable items | inserted | "
+              "| arm | seeds | Spearman(λ⁰, reliable) | AUROC high K: planted | unreliable items | inserted | "
               "AUROC low λ⁰: planted | mean K planted / clean |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for arm, per_seed in out["mechanism"].items():
         rows = [v for v in per_seed.values() if v]
@@ -181,9 +233,20 @@ def markdown(out: dict) -> str:
             return "–" if not v else f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
         kp = np.mean([r["mean K planted / clean"] for r in rows], axis=0)
         lines.append(f"| {arm} | {len(rows)} | {ms('spearman lam0 vs reliable (items)')} | "
-                     f"{ms('AUROC low K, planted vs clean')} | {ms('AUROC low K, unreliable items vs clean')} | "
-                     f"{ms('AUROC low K, inserted vs clean')} | {ms('AUROC low lam0, planted vs clean')} | "
+                     f"{ms('AUROC high K, planted vs clean')} | {ms('AUROC high K, unreliable items vs clean')} | "
+                     f"{ms('AUROC high K, inserted vs clean')} | {ms('AUROC low lam0, planted vs clean')} | "
                      f"{kp[0]:.3f} / {kp[1]:.3f} |")
+    att = [v for v in out.get("attention", {}).values() if v]
+    if att:
+        def ma(key):
+            v = [a[key] for a in att]
+            return f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+        mm = np.mean([a["mean attention planted / clean"] for a in att], axis=0)
+        lines += ["", f"`standard` on the planted data ({len(att)} seeds): the attention mass the scoring position "
+                  "gives each history token (mean over heads and blocks). AUROC of a low mass for planted tokens: "
+                  f"{ma('AUROC low attention, planted vs clean')} over all tokens, "
+                  f"{ma('same, within each distance from the end')} within each distance from the end; "
+                  f"mean mass planted / clean {mm[0]:.4f} / {mm[1]:.4f}."]
     lines += ["", "Best validation epochs (of the fixed 20): " + "; ".join(
         f"{k}: {v}" for k, v in out["best_epochs"].items())]
     return "\n".join(lines) + "\n"
@@ -197,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = find_runs(args.root / "runs")
     if not runs:
         raise SystemExit(f"positive_control: no finished run under {args.root / 'runs'}; run the experiment first")
-    out = {"root": str(args.root), "gains": {}, "mechanism": {}, "best_epochs": {}}
+    out = {"root": str(args.root), "gains": {}, "mechanism": {}, "attention": {}, "best_epochs": {}}
     truth: dict = {}
     for key, seeds in sorted(runs.items()):
         out["best_epochs"][" ".join(x for x in key if x)] = {
@@ -214,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
         out["gains"][arm] = compare(runs[key], runs[base_key], users)
         if key[1] != "standard" and key[0] == "pc_planted":
             out["mechanism"][arm] = {s: mechanism_readout(d, ctx, planted) for s, d in sorted(runs[key].items())}
+    base = runs.get(BASE["pc_planted"])
+    if base and "pc_planted" in truth:
+        out["attention"] = {s: attention_readout(d, truth["pc_planted"][2]) for s, d in sorted(base.items())}
     (args.root / "readout.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     (args.root / "readout.md").write_text(markdown(out))
     log.info("positive_control: wrote %s and %s", args.root / "readout.json", args.root / "readout.md")
