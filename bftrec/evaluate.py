@@ -14,6 +14,7 @@ config.yaml says so.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -26,6 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
+from bftrec.data.datasets import data_identity, other_data
 from bftrec.train import (
     build,
     default_threads,
@@ -65,7 +67,18 @@ def quiet_init():
         logger.setLevel(level)
 
 
-def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) -> dict:
+def recorded_data(run_dir: Path, ck: dict) -> dict | None:
+    """The data identity a run recorded: its checkpoint's (``data``), else its metrics.json's data block."""
+    if ck.get("data"):
+        return ck["data"]
+    m = run_dir / "metrics.json"
+    if m.exists():
+        stats = json.loads(m.read_text()).get("data") or {}
+        return {"fingerprint": stats.get("fingerprint"), "sha256": (stats.get("source") or {}).get("sha256")}
+    return None
+
+
+def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None, allow_other_data: bool = False) -> dict:
     """Re-score ``run_dir`` with ``overrides``; returns the metrics dict (also written to disk).
 
     ``out_dir`` (default a new ``<run_dir>/eval_<time>``, ``_2``, ... when one of that second exists) must
@@ -117,10 +130,17 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None) ->
     with quiet_init():
         data, counts, model = build(g, device)
     load_weights(model, ck, run_dir / "checkpoint.pt", RECOVER.format(run_dir=run_dir))
+    differs = other_data(recorded_data(run_dir, ck), data_identity(data))
+    if differs and not allow_other_data:  # issue 50: a re-score on other data is another experiment
+        raise ConfigError(f"{run_dir}: the {differs} ({ds.name}); point BFTREC_DATA_ROOT (or data_root=) at the "
+                          "data the run used, or pass --allow-other-data to re-score anyway (the output says so)")
+    if differs:
+        log.warning("bftrec-eval: re-scoring on other data (--allow-other-data): %s", differs)
     metrics = evaluate_test(model, data, counts, ev, device, g["model"].max_len, ck.get("tau_start"))  # λ⁰'s start
     metrics = {"dataset": ds.name, "model": g["model"].name, "layer": g["layer"].name, "seed": root.seed,
                "protocol": protocol_block(ev, metrics.pop("repeat_target_share"), tc.select_metric),
                "rescored_from": str(run_dir), "source_run_finished": not unfinished, "overrides": overrides,
+               **({"other_data": {"allowed": True, "difference": differs}} if differs else {}),
                "best_epoch": ck.get("epoch"),
                "data": data.stats, **metrics}
     if out_dir is None:  # created exclusively: two re-scores started in one second get eval_<time>_2
@@ -156,10 +176,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("run_dir", type=Path, help="a run directory written by bftrec-train")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n_bins=10")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default <run_dir>/eval_<time>)")
+    ap.add_argument("--allow-other-data", action="store_true",
+                    help="re-score even if the data differ from the run's (recorded in the output as other_data)")
     args = ap.parse_intermixed_args(argv)  # --out before or after the overrides
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     with one_line_errors("bftrec-eval"):
-        rescore(args.run_dir, args.overrides, args.out)
+        rescore(args.run_dir, args.overrides, args.out, allow_other_data=args.allow_other_data)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
 from bftrec.data.batches import check_train_windows, train_window_bounds, trim_left, windows
+from bftrec.data.datasets import data_identity, other_data
 from bftrec.evaluation import rank_users
 from bftrec.grid import atomic
 from bftrec.layers import Stack, optimizer_param_groups
@@ -333,7 +334,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         runner = nn.parallel.DistributedDataParallel(runner, find_unused_parameters=not plain)
 
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
-             "initial_gain": None}
+             "initial_gain": None, "data": data_identity(data)}
     first = tw.first(cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
@@ -342,9 +343,13 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             raise ConfigError(f"trainer.resume={cfg.resume}: no last.pt there; point it at a run directory")
         ck = load_checkpoint(last, device, ("model", "optimizer", "state", "generator", "torch_rng"),
                              "delete it to restart the run from epoch 1 (or resume another run directory)")
+        differs = other_data(ck["state"].get("data"), state["data"])
+        if differs:  # issue 50: epoch 1 on one file and epoch 2 on another is never one run
+            raise ConfigError(f"trainer.resume={cfg.resume}: the {differs} ({last}); point BFTREC_DATA_ROOT (or "
+                              "data_root) at the data the run trained on, or start a new run")
         load_weights(model, ck, last, "resume with the run's own config (trainer.resume reads its config.yaml)")
         opt.load_state_dict(ck["optimizer"])
-        state = ck["state"]
+        state = {**ck["state"], "data": state["data"]}  # a last.pt older than the data record gets it now
         gen.set_state(ck["generator"].cpu())  # CPU RNG states: map_location moved them to a GPU run's device
         torch.set_rng_state(ck["torch_rng"].cpu())
         log.info("resumed from %s at epoch %d", last, state["epoch"])
@@ -437,7 +442,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                 if is_main():
                     with atomic(out_dir / "checkpoint.pt") as tmp:
                         torch.save({"model": model.state_dict(), "epoch": epoch, "tau_start": state.get("tau_start"),
-                                    **(extra_state or {})}, tmp)
+                                    "data": state["data"], **(extra_state or {})}, tmp)
             else:
                 state["bad"] += 1
             log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],

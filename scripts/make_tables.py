@@ -55,6 +55,7 @@ import yaml
 from scipy.stats import wilcoxon
 
 from bftrec.config import EvalConfig, upgrade_legacy_layer
+from bftrec.data.datasets import other_data
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
 from bftrec.report.stats import (
     MIN_BASELINE_HITS,
@@ -287,6 +288,12 @@ def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
     return out
 
 
+def _data_identity(run: dict) -> dict:
+    """The data identity a run's metrics.json records (older runs: whatever part of it they have)."""
+    stats = run.get("data") or {}
+    return {"fingerprint": stats.get("fingerprint"), "sha256": (stats.get("source") or {}).get("sha256")}
+
+
 def check_comparable(groups: dict) -> None:
     """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
     between a layer and its standard baseline); one line naming both folders and the keys.
@@ -301,6 +308,11 @@ def check_comparable(groups: dict) -> None:
             pa, pb = ({k: v for k, v in x["protocol"].items() if k != "repeat_target_share"} for x in (ref, r))
             diff = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
             diff += config_differences(ref, r, ignore=allowed)
+            data = other_data(_data_identity(ref), _data_identity(r))
+            if data:  # issue 50: the same config on two different files is two experiments
+                raise SystemExit(f"make_tables: {ref['_dir']} and {r['_dir']} are compared in one table but trained on "
+                                 f"different data ({data.replace(' in the run', ' in the other')}); rerun one of them "
+                                 "on the other's data or keep them in separate folders")
             if diff:
                 raise SystemExit(f"make_tables: {ref['_dir']} and {r['_dir']} are compared in one table but differ "
                                  f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")

@@ -236,7 +236,38 @@ def load_dataset(cfg: Union[DatasetConfig, DictConfig, dict], data_root: Optiona
     """
     cfg = to_dataset_config(cfg, where=f"dataset config {getattr(cfg, 'name', '?')!r}")
     data = _load_clean(cfg, data_root, cache_dir, use_cache)
-    return inject_random_items(data, cfg.inject_rate, cfg.inject_seed)  # identity at rate 0 (the default)
+    data = inject_random_items(data, cfg.inject_rate, cfg.inject_seed)  # identity at rate 0 (the default)
+    data.stats["fingerprint"] = data_fingerprint(data)
+    return data
+
+
+def data_fingerprint(data: SeqData) -> str:
+    """Hex sha256 of the processed sequences a model sees (items, offsets, timestamps, N): two runs whose
+    fingerprints differ trained or scored on different data, whatever their files were called."""
+    h = hashlib.sha256(f"{data.n_items}".encode())
+    for arr in (data.items, data.offsets, data.timestamps):
+        if arr is not None:
+            h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def data_identity(data: SeqData) -> dict:
+    """What a run records of its data (checkpoints, metrics.json): the processed data's ``fingerprint`` and,
+    for a file, its ``sha256``."""
+    return {"fingerprint": data.stats.get("fingerprint") or data_fingerprint(data),
+            "sha256": (data.stats.get("source") or {}).get("sha256")}
+
+
+def other_data(recorded: dict | None, current: dict) -> str | None:
+    """One line saying how ``current`` (``data_identity``) differs from a run's ``recorded`` identity; None when
+    they agree or nothing was recorded (a run older than the record)."""
+    if not recorded:
+        return None
+    for key in ("sha256", "fingerprint"):
+        a, b = recorded.get(key), current.get(key)
+        if a and b and a != b:
+            return f"data {key} {b[:12]} here, {a[:12]} in the run"
+    return None
 
 
 def _load_clean(cfg: DatasetConfig, data_root: Optional[str], cache_dir: Optional[str], use_cache: bool) -> SeqData:
