@@ -183,9 +183,10 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "", comp: pd.
         strata_axis(ax, tick_labels(series[0][2]))
         ax.set_title(ds)
         ax.set_ylabel(f"gain over standard in {metric} (%)")
-        ax.text(0.0, -0.02, "bars: 95% CI, seeds as the unit; * p_seeds < 0.05; ** p_Holm < 0.05; symlog axis",
-                transform=ax.transAxes, fontsize=6, va="top", color="dimgray")
         legend(ax, len(series))
+    fig.text(0.003, 0.998, "bars: 95% CI with the training seed as the unit; * p_seeds < 0.05; ** p_Holm < 0.05 "
+             "(pre-registered endpoints); symmetric-log axis, linear within ±10%", ha="left", va="top",
+             fontsize=7, color="dimgray")
     return save(fig, path, note)
 
 

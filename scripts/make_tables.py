@@ -28,13 +28,12 @@ Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown
 ``comparisons.csv`` (one numeric row per comparison, metric and stratum). A cell groups runs by
 (dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
 with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
-one row, over the seeds both have (``matched_seeds``): relative gain of the seed means; a paired
-Wilcoxon signed-rank test (scipy) over users of the per-user metric averaged over seeds (seeds never
-count as extra users); its Holm-adjusted p-value (``holm``); and a 95% percentile bootstrap interval
-of the gain over users (``bootstrap_gain_ci``). ``comparisons.csv`` adds each seed's own gain and a
-t-test over seeds (``p_seeds``), which sees the variation between retrainings that the per-user test does not.
-Every table starts with a header: protocol, commit, hardware and date of the runs, and what the
-statistics are.
+one row, over the seeds both have (``matched_seeds``). The training seed is the unit of replication
+(``comparisons``): the mean of the per-seed relative gains, a t-test over them, Holm over three
+pre-registered endpoints, and a 95% interval whose standard error adds retraining and test-user noise
+(``bftrec.report.stats``); the per-user Wilcoxon test at fixed seeds stays as the secondary
+``*_fixed_seeds`` columns. Every table opens with a short header; ``protocol.md`` beside it holds the
+protocol, commits, hardware and dates of the runs and what the statistics are.
 """
 from __future__ import annotations
 
@@ -64,7 +63,7 @@ from bftrec.report.stats import (
     mde_seeds,
     random_effects,
     seed_t_p,
-    two_stage_bootstrap_ci,
+    seed_user_ci,
 )
 
 METRICS = ("HR@10", "NDCG@10")
@@ -545,23 +544,21 @@ TOO_FEW_SEEDS, TOO_FEW_HITS = "n/a (too few seeds)", "n/a (too few hits)"
 
 
 def seed_user_pairs(runs: list[dict], base: list[dict], users) -> tuple[list, list[int]]:
-    """Per seed both sides have: (a, b), each (n_s, 2) float64 per-user HR@10 and NDCG@10 of the layer
-    and of its baseline at that seed, on the users both scored (restricted to ``users`` when given),
-    paired row by row; and the seeds, in order."""
+    """Per seed both sides have: (a, b), each (n, 2) float64 per-user HR@10 and NDCG@10 of the layer and of
+    its baseline at that seed, on the users every one of these runs scored (restricted to ``users`` when
+    given), in user order: paired across layers and across seeds (``seed_user_ci``); and the seeds, in order."""
     by_seed = {r["seed"]: r for r in base}
-    pairs, seeds = [], []
-    for r in sorted(runs, key=lambda r: r["seed"]):
-        if r["seed"] not in by_seed:
-            continue
-        a = pd.concat([per_user(r, m) for m in METRICS], axis=1)
-        b = pd.concat([per_user(by_seed[r["seed"]], m) for m in METRICS], axis=1)
-        a, b = a.align(b, join="inner", axis=0)
-        if users is not None:
-            keep = a.index.isin(users)
-            a, b = a[keep], b[keep]
-        pairs.append((a.to_numpy(dtype=np.float64), b.to_numpy(dtype=np.float64)))
-        seeds.append(r["seed"])
-    return pairs, seeds
+    mine = [r for r in sorted(runs, key=lambda r: r["seed"]) if r["seed"] in by_seed]
+    frames = [(pd.concat([per_user(r, m) for m in METRICS], axis=1),
+               pd.concat([per_user(by_seed[r["seed"]], m) for m in METRICS], axis=1)) for r in mine]
+    common = None
+    for a, b in frames:
+        idx = a.index.intersection(b.index)
+        common = idx if common is None else common.intersection(idx)
+    if common is not None and users is not None:
+        common = common[common.isin(users)]
+    pairs = [(a.loc[common].to_numpy(dtype=np.float64), b.loc[common].to_numpy(dtype=np.float64)) for a, b in frames]
+    return pairs, [r["seed"] for r in mine]
 
 
 def baseline_hits(base: list[dict], where) -> float:
@@ -589,10 +586,10 @@ def comparisons(groups: dict) -> pd.DataFrame:
     (``matched_seeds``). The training seed is the unit of replication:
 
     - gain_seeds: the mean of the per-seed relative gains (seed_gains, ``seed:gain`` pairs); sd_seeds their
-      SD; p_seeds: two-sided one-sample t-test of those gains (``bftrec.report.stats.seed_t_p``);
-      ci_lo_seeds, ci_hi_seeds: 95% two-stage bootstrap of gain_seeds (seeds, then users within each drawn
-      seed; ``two_stage_bootstrap_ci``); mde_seeds: the gain detectable at power 0.8, α 0.05, from the seed
-      SD (``mde_seeds``);
+      SD; p_seeds: two-sided one-sample t-test of those gains (``bftrec.report.stats.seed_t_p``): do the
+      retrainings agree on this test set; ci_lo_seeds, ci_hi_seeds: 95% interval of gain_seeds whose standard
+      error (se_seeds) adds retraining and test-user sampling (``seed_user_ci``: a user bootstrap shared by
+      all seeds); mde_seeds: the gain the t-test detects at power 0.8, α 0.05, from the seed SD (``mde_seeds``);
     - endpoint: ``pre-registered`` for HR@10 overall, on the rarest item bin (Q0) and on cold users, else
       ``exploratory``; p_holm_seeds: Holm over the three pre-registered rows of the comparison (an untestable
       endpoint enters the family as p = 1), blank on exploratory rows;
@@ -613,7 +610,7 @@ def comparisons(groups: dict) -> pd.DataFrame:
         for name, where, _ in strata_of(rs[0]):
             users = stratum_users(rs[0], where)
             pairs, seeds = seed_user_pairs(rs, base, users)
-            cis = two_stage_bootstrap_ci(pairs, seed_ids=seeds) if pairs else [None] * len(METRICS)
+            cis = seed_user_ci(pairs) if pairs else [None] * len(METRICS)
             hits = baseline_hits(base, where)
             note = TOO_FEW_SEEDS if len(seeds) < MIN_SEEDS else TOO_FEW_HITS if hits < MIN_BASELINE_HITS else ""
             for j, m in enumerate(METRICS):
@@ -677,11 +674,12 @@ def _num(x) -> bool:
 def gain_cell(c: dict | None) -> str:
     """``+4.1% (p_seeds, p_Holm_seeds, [lo, hi])`` with the seed as the unit (``comparisons``): the mean
     per-seed gain, its t-test over seeds, Holm over the three pre-registered endpoints (``–`` on an
-    exploratory row) and the two-stage bootstrap interval; ``+4.1% (n/a (too few seeds))`` where there is
+    exploratory row) and the 95% interval (retraining and test-user noise); ``+4.1% (n/a (too few seeds))``
+    where there is
     no information for a test. Empty when there is no comparison."""
     if c is None:
         return ""
-    g = c["gain_seeds"] if _num(c["gain_seeds"]) else c["gain"]
+    g = c["gain_seeds"] if _num(c["gain_seeds"]) else None  # never the gain of the means in its place
     if c["test_note"]:
         return f"{pct(g)} ({c['test_note']})"
     ci = f"[{pct(c['ci_lo_seeds'])}, {pct(c['ci_hi_seeds'])}]" if _num(c["ci_lo_seeds"]) else "–"
@@ -902,11 +900,14 @@ STATS = ("- gain (the unit of replication is the training seed): the mean over s
          "tag (else the untagged one); the means and ± std columns use every seed of a cell\n"
          "- p_seeds: two-sided one-sample t-test of the per-seed gains; p_Holm: Holm over the comparison's three "
          "pre-registered endpoints (HR@10 overall, on the rarest item bin Q0 and on cold users; an untestable one "
-         "counts as p = 1), `–` on exploratory rows; 95% CI: two-stage percentile bootstrap (seeds with replacement, "
-         f"then users within each drawn seed), B={BOOT_B}, numpy seeds [{BOOT_SEED}, seed]; `n/a (too few ...)`: "
+         "counts as p = 1), `–` on exploratory rows; 95% CI: mean gain ± t(0.975, seeds − 1) · se_seeds, se_seeds² = "
+         "(SD of the per-seed gains)² / seeds + the variance of the mean gain over a bootstrap of the test users "
+         f"(one draw of users shared by every seed, as all seeds score the same users; B={BOOT_B}, numpy seed "
+         f"[{BOOT_SEED}, users]): p_seeds asks whether retrainings agree on this test set, the interval also counts "
+         "the sampling of its users, so a row can have p_seeds < 0.05 and an interval over 0; `n/a (too few ...)`: "
          f"fewer than {MIN_SEEDS} seeds, or under {MIN_BASELINE_HITS} baseline HR@10 hits in the stratum: no test\n"
-         "- comparisons.csv also has, per row: endpoint, flags, seed_gains, sd_seeds, se_seeds (the two-stage standard "
-         "error behind the interval; meta.csv weights pairs by it), mde_seeds (the gain a t-test over "
+         "- comparisons.csv also has, per row: endpoint, flags, seed_gains, sd_seeds, se_seeds (the standard error "
+         "behind the interval; meta.csv weights pairs by it), mde_seeds (the gain a t-test over "
          "as many seeds detects at power 0.8, α 0.05, from the seed SD), and the secondary fixed-seeds statistics: "
          "p_fixed_seeds (Wilcoxon signed-rank over users of the seed-averaged per-user metric), p_holm_fixed_seeds "
          "(Holm over one layer, metric and stratum across the tables) and ci_*_fixed_seeds (bootstrap over users of "
@@ -1033,15 +1034,17 @@ def meta_table(comp: pd.DataFrame) -> pd.DataFrame:
     """Random-effects meta-analysis over (dataset, backbone) pairs, per layer (and tag), pre-registered
     endpoint and scope (all backbones, then each backbone): does the layer gain across pairs, as the paper
     claims, in one test (``bftrec.report.stats.random_effects``). A pair's effect is gain_seeds, its
-    variance se_seeds² (the two-stage bootstrap's standard error: retraining and test-user noise both; the
+    variance se_seeds² (the standard error of ``seed_user_ci``: retraining and test-user noise both; the
     seed SD alone, from 3 seeds of one test set, can be near 0 by chance and leaves the test users' noise
     out); pairs with a test_note or no standard error are left out and counted in ``pairs_left_out``."""
     rows = []
-    pre = comp[comp["endpoint"] == "pre-registered"] if len(comp) else comp
+    pre = comp[comp["endpoint"] == "pre-registered"].fillna({"tag": "", "test_note": "", "flags": ""}) if len(comp) \
+        else comp
     for (layer, tag, stratum), g in (pre.groupby(["layer", "tag", "stratum"], sort=True) if len(pre) else []):
         for scope in ["all"] + sorted(g["model"].unique()):
             sub = g if scope == "all" else g[g["model"] == scope]
-            ok = sub[(sub["test_note"] == "") & sub["se_seeds"].notna() & sub["gain_seeds"].notna()]
+            ok = sub[(sub["test_note"] == "") & (sub["flags"] == "") & sub["se_seeds"].notna()
+                     & sub["gain_seeds"].notna()]  # a trial or capped comparison is no evidence
             ok = ok[ok["se_seeds"].astype(float) > 0]
             res = random_effects(ok["gain_seeds"].astype(float), ok["se_seeds"].astype(float) ** 2) if len(ok) else None
             rows.append({"layer": layer, "tag": tag, "endpoint": f"HR@10 {stratum}", "backbones": scope,
@@ -1136,8 +1139,8 @@ def main(argv: list[str] | None = None) -> None:
             "# Random-effects meta-analysis over (dataset, backbone) pairs\n\n"
             f"{head}\n- per layer, pre-registered endpoint and scope: the pooled relative gain (Paule-Mandel τ², "
             "95% CI and two-sided p from t with pairs − 1 degrees of freedom; p_holm: Holm over the three "
-            "endpoints of one layer and scope), each pair weighted by 1 / (se_seeds² + τ²), se_seeds the two-stage "
-            "bootstrap's standard error (retraining and test-user "
+            "endpoints of one layer and scope), each pair weighted by 1 / (se_seeds² + τ²), se_seeds the "
+            "comparison's standard error (retraining and test-user "
             "noise); I²: the share of the spread between pairs beyond their own uncertainty; MDE: the pooled gain the "
             "test detects at power 0.8\n\n"
             f"{meta_markdown(meta).to_markdown(index=False) if len(meta) else '(no comparison)'}\n")

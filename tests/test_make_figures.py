@@ -83,7 +83,7 @@ def test_undefined_gain_is_marked_not_drawn_as_zero(tmp_path):
     _, groups = _groups(tmp_path / "runs")
     fig = _make_figures().gain_figure(groups, "HR@10", tmp_path / "g.png")
     ax = fig.axes[0]
-    marks = [t for t in ax.texts if not t.get_text().startswith("bars:")]  # the caption aside
+    marks = list(ax.texts)
     assert [t.get_text() for t in marks] == ["n/a"] and marks[0].get_position() == (0, 0)  # Q0 only
 
 
@@ -91,10 +91,11 @@ def test_gain_bars_carry_seed_unit_intervals_on_a_readable_scale(runs, tmp_path)
     """issue 47: error bars (a t interval over seeds without rank tables), the significance legend, and a
     symmetric-log axis so that one tiny stratum's huge gain does not flatten the rest."""
     _, groups = _groups(runs)
-    ax = _make_figures().gain_figure(groups, "HR@10", tmp_path / "g.png").axes[0]
+    fig = _make_figures().gain_figure(groups, "HR@10", tmp_path / "g.png")
+    ax = fig.axes[0]
     assert ax.get_yscale() == "symlog" and ax.containers  # bars and error bars
     assert any(c.__class__.__name__ == "ErrorbarContainer" for c in ax.containers)
-    assert any(t.get_text().startswith("bars: 95% CI, seeds as the unit") for t in ax.texts)
+    assert any(t.get_text().startswith("bars: 95% CI with the training seed as the unit") for t in fig.texts)
 
 
 def test_every_layer_gets_its_bars(runs, tmp_path):

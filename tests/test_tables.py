@@ -64,7 +64,7 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     assert "HR@10 gain bft (p_seeds, p_Holm, 95% CI)" in overall
     proto = (runs / "tables" / "protocol.md").read_text()
     assert "protocol: leave-one-out" in proto and "commit(s):" in proto and "p_Holm: Holm over" in proto
-    assert "B=1000" in proto and "two-stage percentile bootstrap" in proto
+    assert "B=1000" in proto and "one draw of users shared by every seed" in proto
     assert "- budget per pair (from the runs' configs): synthetic/sasrec: L 12, ≤ 1 epochs, patience" in proto
     strata = (runs / "tables" / "strata.md").read_text()
     for name in ("Q0", "Q4", "cold", "warm"):

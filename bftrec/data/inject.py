@@ -53,8 +53,8 @@ def inject_random_items(data: SeqData, rate: float, seed: int) -> SeqData:
         timestamps = np.empty_like(items)
         timestamps[end - 1] = data.timestamps
         timestamps[(end - 2)[insert]] = data.timestamps[insert]
-    added = np.concatenate([[0], np.cumsum(np.add.reduceat(insert.astype(np.int64), data.offsets[:-1])
-                                           if len(data.items) else [])])
+    user = np.repeat(np.arange(len(lengths)), lengths)  # (nnz,) user index of each row
+    added = np.concatenate([[0], np.cumsum(np.bincount(user[insert], minlength=len(lengths)))])  # (U + 1,)
     offsets = data.offsets + added
     stats = {**data.stats, "injection": {"rate": rate, "seed": seed, "injected": int(insert.sum()),
                                          "where": "training part of each history (not the last two items)"}}

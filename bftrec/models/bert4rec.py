@@ -256,7 +256,7 @@ class BERT4Rec(SeqRecModel):
         with torch.no_grad():
             x = self.scoring_input(item_seq)
             self.encode(x, mech=mech)
-        score_position(mech)  # at the [MASK] column, before the columns are re-aligned to the history
+        at_score = score_position(mech).pop("at_score", None)  # at the [MASK] column, kept out of the re-alignment
         B, L = item_seq.shape
         L_in = x.shape[1]
 
@@ -273,4 +273,7 @@ class BERT4Rec(SeqRecModel):
                 return out
             return v
 
-        return align(mech)
+        out = align(mech)
+        if at_score is not None:
+            out["at_score"] = at_score
+        return out

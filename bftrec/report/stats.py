@@ -5,9 +5,9 @@ A retraining moves a gain more than resampling the users of one trained model do
 test over seeds, and its interval resamples seeds first, then users within each drawn seed:
 
 - ``seed_t_p``: two-sided one-sample t-test (scipy) of the per-seed relative gains against 0;
-- ``two_stage_bootstrap_ci``: the 95% interval of the mean per-seed gain whose standard error comes from
-  a two-stage bootstrap: seeds drawn with replacement and, within each drawn seed, its paired users drawn
-  with replacement; t quantile with S − 1 degrees of freedom;
+- ``seed_user_ci``: the 95% interval of the mean per-seed gain whose standard error adds the retraining
+  part (seed SD² / S) and the test-user part (a bootstrap over users, one draw shared by every seed, since
+  all seeds score the same users); t quantile with S − 1 degrees of freedom;
 - ``mde_seeds``: the gain a two-sided t-test over the same number of seeds detects at power 0.8 and
   α = 0.05, given the observed seed SD (statsmodels ``TTestPower``);
 - ``random_effects``: a random-effects meta-analysis of per-pair gains (statsmodels ``combine_effects``,
@@ -38,10 +38,11 @@ MIN_BASELINE_HITS = 20  # a stratum whose baseline has fewer HR@10 hits (seed me
 def seed_t_p(gains) -> float | None:
     """Two-sided one-sample t-test that the mean of the per-seed relative gains is 0.
 
-    gains: sequence of float (None or NaN where a seed's baseline has no hit). Returns the p-value, or
-    None with fewer than ``MIN_SEEDS`` seeds, an undefined gain, or no spread (all seeds equal)."""
+    gains: sequence of float (None, NaN or inf where a seed's baseline has no hit). Returns the p-value, or
+    None with fewer than ``MIN_SEEDS`` seeds, an undefined or infinite gain, or no spread (all seeds equal
+    up to float rounding)."""
     vals = np.array([np.nan if g is None else g for g in gains], dtype=float)
-    if len(vals) < MIN_SEEDS or np.isnan(vals).any() or np.ptp(vals) == 0:
+    if len(vals) < MIN_SEEDS or not np.isfinite(vals).all() or np.ptp(vals) <= 1e-12 * max(1.0, np.abs(vals).max()):
         return None
     return float(ttest_1samp(vals, 0.0).pvalue)
 
@@ -78,32 +79,36 @@ def _ratio_gain(sa: np.ndarray, sb: np.ndarray) -> np.ndarray:
         return np.where(sb > 0, (sa - sb) / np.where(sb > 0, sb, 1), np.where(sa > 0, np.inf, 0.0))
 
 
-def two_stage_bootstrap_ci(per_seed: list[tuple[np.ndarray, np.ndarray]], n_boot: int = BOOT_B,
-                           seed: int = BOOT_SEED, level: float = BOOT_LEVEL,
-                           seed_ids: list[int] | None = None):
-    """Percentile interval of the mean per-seed relative gain, resampling seeds, then users.
+def seed_user_ci(per_seed: list[tuple[np.ndarray, np.ndarray]], n_boot: int = BOOT_B, seed: int = BOOT_SEED,
+                 level: float = BOOT_LEVEL):
+    """Interval of the mean per-seed relative gain with both sources of noise: retraining and test users.
+
+    Every seed scores the **same** test users, so users are crossed with seeds, not nested in them. The
+    standard error has two parts:
+
+    - retraining: SD(per-seed gains)² / S, the seeds' spread on this test set (what ``seed_t_p`` tests);
+    - test users: the variance of the mean per-seed gain over bootstrap resamples of the users, **one draw of
+      n users applied to every seed** (B draws from ``default_rng([seed, n])``): how much the average gain
+      moves with another sample of test users. Drawing users anew within each seed (a nested two-stage
+      bootstrap) would count each seed's user noise S times and miss the part all seeds share (Davison &
+      Hinkley 1997, §3.8).
+
+    Both parts contain the user-by-seed interaction (which users a given retraining happens to hit), so it is
+    estimated from the same bootstrap (the mean per-seed user variance minus the shared one, times
+    1/(S−1)) and counted once: SE² = retraining + test users − interaction (never below the retraining
+    part). The interval is the observed mean gain ± t(level, S−1) · SE, the t quantile of the test over
+    seeds. Coverage in simulated crossed benchmarks: 93–97.5% (tests/test_report_stats.py).
 
     Args:
-        per_seed: one (a, b) pair per training seed: the per-user metric of the layer and of its
-            baseline at that seed, on the same users in the same order (paired): (n_s,) float64, or
-            (n_s, m) float64 for m metrics at once (the same user draws for all m).
-        n_boot: resamples B; seed: numpy generator seed; level: interval level (0.95).
-        seed_ids: the training seeds (default 0..S−1); each seed's user resamples come from its own
-            generator ``default_rng([seed, seed_id])``, so a seed's draws do not depend on which other
-            seeds a comparison has.
-    Each resample draws S seeds with replacement; each drawn seed contributes the gain of one of its
-    own user resamples (drawn at random among B, so a seed drawn twice gets two different user draws);
-    the statistic is the mean of those S gains. Its bootstrap SD, times √(S/(S−1)) (drawing S of S seeds
-    with replacement shrinks the variance of a mean by (S−1)/S), is the standard error SE of the mean
-    per-seed gain, seed and user noise both in it; the interval is centre ± t(level, S−1) · SE, with the
-    observed mean per-seed gain as centre and the quantile of the same t distribution as the t-test over
-    seeds. A percentile interval would use the
-    normal tail with 3 seeds, about half as wide as the t-test's (t(0.975, 2) = 4.30 against 1.96), and
-    exclude 0 where the test over seeds does not reject.
-
+        per_seed: one (a, b) pair per training seed: the per-user metric of the layer and of its baseline,
+            (n,) float64 or (n, m) float64 for m metrics at once, on the same n users in the same order for
+            every seed (paired across layers and seeds).
+        n_boot: user resamples B; seed: numpy seed; level: interval level.
     Returns:
-        (lo, hi) for 1-D inputs, a list of m such pairs (or None entries) for (n_s, m) inputs; None
-        (each) with fewer than ``MIN_SEEDS`` seeds or when some seed has no user or no baseline value.
+        (lo, hi) for 1-D inputs, a list of m such pairs (or None entries) for (n, m) inputs; None (each) with
+        fewer than ``MIN_SEEDS`` seeds, no user, or a seed with no baseline value in that metric.
+    Raises:
+        ValueError: seeds with different numbers of users (they must be aligned first).
     """
     S = len(per_seed)
     one = S == 0 or np.ndim(per_seed[0][0]) == 1
@@ -112,29 +117,32 @@ def two_stage_bootstrap_ci(per_seed: list[tuple[np.ndarray, np.ndarray]], n_boot
     m = cols[0][0].shape[1] if S else 1
     if S < MIN_SEEDS or any(len(a) == 0 for a, _ in cols):
         return None if one else [None] * m
-    ids = list(range(S)) if seed_ids is None else [int(k) for k in seed_ids]
-    gains = np.empty((S, n_boot, m))  # per seed, the gain of each of its user resamples, per metric
-    for j, ((a, b), k) in enumerate(zip(cols, ids)):
-        sums = _user_boot_sums(np.concatenate([a, b], axis=1), n_boot, np.random.default_rng([seed, k]))  # (B, 2m)
-        gains[j] = _ratio_gain(sums[:, :m], sums[:, m:])
-    rng = np.random.default_rng([seed, 10**6])
-    seeds = rng.integers(0, S, size=(n_boot, S))   # (B, S) drawn seeds
-    draws = rng.integers(0, n_boot, size=(n_boot, S))  # (B, S) which user resample of that seed
-    stat = gains[seeds, draws].mean(axis=1)  # (B, m)
-    centre = np.mean([_ratio_gain(a.sum(0), b.sum(0)) for a, b in cols], axis=0)  # (m,) the observed mean gain
+    n = len(cols[0][0])
+    if any(len(a) != n or len(b) != n for a, b in cols):
+        raise ValueError(f"seed_user_ci: the seeds score different numbers of users ({[len(a) for a, _ in cols]}); "
+                         "align them on the users every seed scored")
+    stacked = np.concatenate([np.concatenate([a, b], axis=1) for a, b in cols], axis=1)  # (n, S·2m)
+    sums = _user_boot_sums(stacked, n_boot, np.random.default_rng([seed, n])).reshape(n_boot, S, 2 * m)
+    per = _ratio_gain(sums[:, :, :m], sums[:, :, m:])  # (B, S, m) each seed's gain per user resample
+    boot = per.mean(axis=1)  # (B, m) the mean gain per user resample
+    gains = np.stack([_ratio_gain(a.sum(0), b.sum(0)) for a, b in cols])  # (S, m) observed per-seed gains
     q = t_dist.ppf((1 + level) / 2, S - 1)
     out = []
     for c in range(m):
-        if any(not b[:, c].sum() for _, b in cols) or not np.all(np.isfinite(stat[:, c])):
+        if any(not b[:, c].sum() for _, b in cols) or not np.all(np.isfinite(per[:, :, c])):
             out.append(None)
             continue
-        se = np.std(stat[:, c], ddof=1) * np.sqrt(S / (S - 1))
-        out.append((float(centre[c] - q * se), float(centre[c] + q * se)))
+        retrain = np.var(gains[:, c], ddof=1) / S  # σ_seed²/S + σ_int²/(nS): includes the user-by-seed part
+        users = np.var(boot[:, c], ddof=1)  # σ_user²/n + σ_int²/(nS): includes it too
+        inter = max(np.var(per[:, :, c], axis=0, ddof=1).mean() - users, 0.0) / (S - 1)  # σ_int²/(nS)
+        se = np.sqrt(max(retrain + users - inter, retrain))  # the user-by-seed part counted once
+        centre = float(gains[:, c].mean())
+        out.append((centre - q * se, centre + q * se))
     return out[0] if one else out
 
 
 def interval_se(ci: tuple[float, float] | None, n_seeds: int, level: float = BOOT_LEVEL) -> float | None:
-    """The standard error behind a ``two_stage_bootstrap_ci`` interval: its half-width / t(level, S−1)."""
+    """The standard error behind a ``seed_user_ci`` interval: its half-width / t(level, S−1)."""
     if ci is None or n_seeds < MIN_SEEDS:
         return None
     return float((ci[1] - ci[0]) / 2 / t_dist.ppf((1 + level) / 2, n_seeds - 1))
@@ -142,7 +150,7 @@ def interval_se(ci: tuple[float, float] | None, n_seeds: int, level: float = BOO
 
 def random_effects(effects, variances) -> dict | None:
     """Random-effects meta-analysis of k per-pair effects (relative gains) with their within-pair
-    variances (the squared two-stage standard error, ``interval_se``: seed and test-user noise):
+    variances (the squared standard error of ``seed_user_ci``, ``interval_se``: seed and test-user noise):
     Paule-Mandel τ² (statsmodels ``combine_effects(method_re="iterated", use_t=True)``), the 95% interval
     and the p value from a t distribution with k − 1 degrees of freedom (with 3 to 6 pairs a normal tail
     would be far too narrow).

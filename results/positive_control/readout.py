@@ -34,7 +34,7 @@ from bftrec.config import load_run_config
 from bftrec.data.batches import loo_split, windows
 from bftrec.data.synthetic import generate_with_truth
 from bftrec.layers import masked_softmax
-from bftrec.report.stats import mde_seeds, seed_t_p, two_stage_bootstrap_ci
+from bftrec.report.stats import mde_seeds, seed_t_p, seed_user_ci
 from bftrec.train import build, typed_groups
 from bftrec.trainer import load_checkpoint, load_weights
 
@@ -69,8 +69,10 @@ def user_truth(run_dir: Path) -> tuple[pd.DataFrame, dict, np.ndarray]:
     reliable = np.array([True] + [truth["item_reliable"][str(i)] for i in data.item_ids[1:]])  # by internal id
     split = loo_split(data.items, data.offsets, "test")
     last = data.items[split.end - 1]
-    users = pd.DataFrame({"user": split.users, "unreliable_last": ~reliable[last],
-                          "noisy": [truth["noisy_user"][str(u)] for u in data.user_ids[split.users]]})
+    noisy = np.array([truth["noisy_user"][str(u)] for u in data.user_ids[split.users]])
+    target_inserted = truth["inserted"][split.end]  # the test target row itself is a random insertion
+    users = pd.DataFrame({"user": split.users, "unreliable_last": ~reliable[last], "noisy": noisy,
+                          "noisy_genuine_target": noisy & ~target_inserted})
     return users, {"reliable": reliable, "inserted": truth["inserted"], "data": data, "g": g}, truth["planted"]
 
 
@@ -84,7 +86,8 @@ def compare(arm: dict, base: dict, users: pd.DataFrame) -> dict:
     seeds = sorted(set(arm) & set(base))
     out = {"seeds": seeds}
     groups = {"all users": np.ones(len(users), dtype=bool), "unreliable last item": users["unreliable_last"].to_numpy(),
-              "noisy users": users["noisy"].to_numpy()}
+              "noisy users": users["noisy"].to_numpy(),
+              "noisy users, genuine target": users["noisy_genuine_target"].to_numpy()}
     for name, sel in groups.items():
         keep = users["user"].to_numpy()[sel]
         pairs, gains = [], []
@@ -92,7 +95,7 @@ def compare(arm: dict, base: dict, users: pd.DataFrame) -> dict:
             a, b = hits(arm[s]).loc[keep].to_numpy(), hits(base[s]).loc[keep].to_numpy()
             pairs.append((a, b))
             gains.append(a.sum() / b.sum() - 1 if b.sum() else None)
-        ci = two_stage_bootstrap_ci(pairs, seed_ids=seeds)
+        ci = seed_user_ci(pairs)
         defined = all(g is not None for g in gains) and gains
         out[name] = {"users": int(sel.sum()), "HR@10 arm": float(np.mean([p[0].mean() for p in pairs])),
                      "HR@10 standard": float(np.mean([p[1].mean() for p in pairs])),
@@ -142,7 +145,27 @@ def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | N
         return float(roc_auc_score(y, score[among])) if 0 < y.sum() < len(y) else None
 
     clean = ~t["planted"]
+    count = np.bincount(data.items, minlength=data.n_items + 1)[t["item"]].astype(float)  # each token's item count
+    edges = np.quantile(count, [0.2, 0.4, 0.6, 0.8])
+    cbin = np.searchsorted(edges, count, side="right")  # (T,) item-count quintile of each token
+
+    def within_count(score: np.ndarray) -> float | None:
+        """P(score_planted > score_clean) within each item-count quintile, token-weighted: the separation
+        that item frequency alone does not explain (planted tokens are rarer)."""
+        vals = [(auroc(score[cbin == q], t["planted"][cbin == q], np.ones((cbin == q).sum(), dtype=bool)),
+                 (cbin == q).sum()) for q in range(5)]
+        vals = [(v, w) for v, w in vals if v is not None]
+        return float(np.average([v for v, _ in vals], weights=[w for _, w in vals])) if vals else None
+
+    log_count = np.log1p(np.bincount(data.items, minlength=data.n_items + 1)[per_item.index.to_numpy()])
+    partial = spearmanr(np.c_[per_item.to_numpy(), rel, log_count]).statistic  # (3, 3) rank correlations
+    r_lr, r_lc, r_rc = partial[0, 1], partial[0, 2], partial[1, 2]
     return {"tokens": int(len(t["K"])), "planted share": float(t["planted"].mean()),
+            "AUROC low item count alone, planted vs clean": auroc(-count, t["planted"], np.ones_like(clean)),
+            "AUROC high K within item-count quintiles": within_count(t["K"]),
+            "AUROC low lam0 within item-count quintiles": within_count(-t["lam0"]),
+            "partial Spearman lam0 vs reliable given log count": float(
+                (r_lr - r_lc * r_rc) / np.sqrt((1 - r_lc ** 2) * (1 - r_rc ** 2))),
             "spearman lam0 vs reliable (items)": float(spearmanr(per_item.to_numpy(), rel).statistic),
             "items": int(len(per_item)),
             "AUROC high K, planted vs clean": auroc(t["K"], t["planted"], np.ones_like(clean)),
@@ -213,7 +236,7 @@ def markdown(out: dict) -> str:
              "| arm | group | seeds | users | HR@10 standard | HR@10 arm | gain | p_seeds | 95% CI | MDE |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for arm, res in out["gains"].items():
-        for group in ("all users", "unreliable last item", "noisy users"):
+        for group in ("all users", "unreliable last item", "noisy users", "noisy users, genuine target"):
             r = res[group]
             ci = f"[{pct(r['ci'][0])}, {pct(r['ci'][1])}]" if r["ci"] else "–"
             p = "–" if r["p_seeds"] is None else f"{r['p_seeds']:.3g}"
@@ -221,8 +244,10 @@ def markdown(out: dict) -> str:
             lines.append(f"| {arm} | {group} | {len(res['seeds'])} | {r['users']} | {r['HR@10 standard']:.4f} | "
                          f"{r['HR@10 arm']:.4f} | {pct(r['gain_seeds'])} | {p} | {ci} | {mde} |")
     lines += ["", "## Mechanism against the ground truth (test histories, best checkpoint; mean ± SD over seeds)", "",
-              "| arm | seeds | Spearman(λ⁰, reliable) | AUROC high K: planted | unreliable items | inserted | "
-              "AUROC low λ⁰: planted | mean K planted / clean |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+              "| arm | seeds | Spearman(λ⁰, reliable) | partial, given log count | AUROC high K: planted | "
+              "unreliable items | inserted | within count quintiles | AUROC low λ⁰: planted | within count "
+              "quintiles | low count alone | mean K planted / clean |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for arm, per_seed in out["mechanism"].items():
         rows = [v for v in per_seed.values() if v]
         if not rows:
@@ -233,9 +258,11 @@ def markdown(out: dict) -> str:
             return "–" if not v else f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
         kp = np.mean([r["mean K planted / clean"] for r in rows], axis=0)
         lines.append(f"| {arm} | {len(rows)} | {ms('spearman lam0 vs reliable (items)')} | "
+                     f"{ms('partial Spearman lam0 vs reliable given log count')} | "
                      f"{ms('AUROC high K, planted vs clean')} | {ms('AUROC high K, unreliable items vs clean')} | "
-                     f"{ms('AUROC high K, inserted vs clean')} | {ms('AUROC low lam0, planted vs clean')} | "
-                     f"{kp[0]:.3f} / {kp[1]:.3f} |")
+                     f"{ms('AUROC high K, inserted vs clean')} | {ms('AUROC high K within item-count quintiles')} | "
+                     f"{ms('AUROC low lam0, planted vs clean')} | {ms('AUROC low lam0 within item-count quintiles')} | "
+                     f"{ms('AUROC low item count alone, planted vs clean')} | {kp[0]:.3f} / {kp[1]:.3f} |")
     att = [v for v in out.get("attention", {}).values() if v]
     if att:
         def ma(key):
