@@ -36,3 +36,20 @@ def test_nothing_points_outside_the_repository(doc):
 def test_license_and_citation_exist():
     assert "MIT License" in (ROOT / "LICENSE").read_text()
     assert "cff-version" in (ROOT / "CITATION.cff").read_text()
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%".replace("-", "−")
+
+
+def test_the_readme_verdict_quotes_the_committed_meta_analysis():
+    """The pooled gains and intervals the README's verdict table cites are those of the main grid's meta.csv."""
+    import pandas as pd
+
+    meta = pd.read_csv(ROOT / "results/paper_main/tables/meta.csv", keep_default_na=False)
+    text = (ROOT / "README.md").read_text()
+    rows = meta[(meta["layer"] == "bft") & (meta["backbones"] == "all")]
+    assert len(rows) == 3
+    for r in rows.itertuples():
+        quoted = f"{_pct(float(r.gain))} [{_pct(float(r.ci_lo))}, {_pct(float(r.ci_hi))}]"
+        assert quoted in text, f"README does not quote {r.endpoint}: {quoted}"
