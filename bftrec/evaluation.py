@@ -61,6 +61,42 @@ def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
     check_k(list(cfg.ks), n_cand)
 
 
+def check_candidates(items: np.ndarray, offsets: np.ndarray, which: str, n_items: int, max_len: int,
+                     cfg: EvalConfig, train_counts: np.ndarray) -> None:
+    """Refuse an evaluation whose cut-offs or strata cannot be what they claim (issue 50), in one line:
+
+    - ``max(eval.ks)`` larger than the candidates some user has left once its history is excluded (full
+      ranking): the target would be a hit whatever the scores; the line names how many users and the largest
+      K that every user can take;
+    - ``eval.n_bins`` larger than the number of distinct training counts of the catalogue: some strata would
+      be empty; the line names the largest value that works.
+
+    Args: items, offsets: the sequences (``SeqData``); which: ``valid`` or ``test``; n_items: N; max_len: the
+    scored window (``eval.exclude_scope=window``); train_counts: (N + 1,) int64.
+    Raises: ConfigError.
+    """
+    distinct = len(np.unique(train_counts[1:]))
+    if cfg.n_bins > distinct:
+        raise ConfigError(f"eval.n_bins={cfg.n_bins} exceeds the {distinct} distinct training counts of the "
+                          f"{n_items} items, so some strata would be empty; use eval.n_bins<={distinct}")
+    if cfg.protocol != "full" or not cfg.exclude_history:
+        return
+    split = loo_split(items, offsets, which)
+    first = split.start if cfg.exclude_scope == "all" else np.maximum(split.start, split.end - max_len)
+    rows, cols = history_pairs(items, first, split.end)
+    if cfg.repeat_target == "keep":  # a repeated target stays a candidate
+        keep = cols != split.targets[rows]
+        rows, cols = rows[keep], cols[keep]
+    excluded = pd.DataFrame({"r": rows, "c": cols}).drop_duplicates().groupby("r").size()
+    n_cand = n_items - excluded.reindex(range(len(split.users)), fill_value=0).to_numpy()  # (U,)
+    k = max(cfg.ks)
+    short = int((n_cand < k).sum())
+    if short:
+        raise ConfigError(f"eval.ks has K={k}, but {short} {which} users have fewer than {k} candidates once their "
+                          f"history is excluded (as few as {int(n_cand.min())}), so they would count as hits "
+                          f"whatever the scores; use K<={int(n_cand.min())} or eval.exclude_history=false")
+
+
 def sample_candidates(items: np.ndarray, split: Split, n_items: int, cfg: EvalConfig,
                       train_counts: np.ndarray) -> np.ndarray:
     """(U, 1 + n_negatives) int64 fixed candidates per user, the target in column 0.

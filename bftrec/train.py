@@ -41,7 +41,7 @@ from bftrec.config import (
 )
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import load_dataset
-from bftrec.evaluation import check_eval_config, rank_users
+from bftrec.evaluation import check_candidates, check_eval_config, rank_users
 from bftrec.grid import append_ledger, atomic, cell_lock, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
@@ -190,6 +190,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             check_dataset_name(cfg, choices, overrides)
         g = typed_groups(cfg)
         root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
+        if not 0 <= root.seed <= SEED_MAX:  # numpy would fail later, after the run directory exists
+            raise ConfigError(f"seed={root.seed} must be an integer in [0, {SEED_MAX}]; e.g. seed=0")
         check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
         check_windows_model(tc.train_windows, MODELS.get(mc.name))
         check_model_config(mc, lc)
@@ -475,6 +477,8 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
 
     data, counts, model = build(g, device)
     check_eval_config(ev, data.n_items)
+    for which in ("valid", "test"):  # before any epoch: a K or a stratum that cannot mean what it says
+        check_candidates(data.items, data.offsets, which, data.n_items, mc.max_len, ev, counts)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
              n_params, data.n_users, data.n_items, device)
@@ -702,6 +706,28 @@ def hydra_error_line(e: Exception, argv: Optional[list[str]] = None) -> str:
     return ": ".join(lines)
 
 
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeding accept 0 .. 2**32 - 1
+
+
+def check_seed_override(argv: list[str]) -> Optional[str]:
+    """The one-line error for a ``seed=`` override that is not a plain integer in [0, 2**32): checked before
+    Hydra composes anything or creates a run directory, since the directory is named after the seed
+    (``seed="07"`` would name it ``seed07`` while the run used 7). A sweep (``seed=0,1,2``) checks each value;
+    ``range(...)`` and other sweep functions are left to Hydra. None when every seed is fine."""
+    for arg in argv:
+        key, eq, value = arg.lstrip("+").partition("=")
+        if key != "seed" or not eq or "(" in value:
+            continue
+        for v in value.split(","):
+            v = v.strip()
+            if v.isdigit() and (v == "0" or not v.startswith("0")) and int(v) <= SEED_MAX:
+                continue
+            plain = v.strip("'\"")
+            fix = f"write seed={int(plain)}" if plain.isdigit() and int(plain) <= SEED_MAX else "e.g. seed=0"
+            return f"seed={v} is not a plain integer in [0, {SEED_MAX}]; {fix}"
+    return None
+
+
 def main() -> None:
     """Console script ``bftrec-train`` (Hydra over ``pkg://bftrec.configs``; ``--config-dir`` adds a folder).
 
@@ -713,6 +739,10 @@ def main() -> None:
     from hydra.errors import CompactHydraException
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing its report and exiting 1
+    bad_seed = check_seed_override(sys.argv[1:])
+    if bad_seed:
+        print(f"bftrec-train: error: {bad_seed}", file=sys.stderr)
+        sys.exit(2)
     try:
         _hydra_main()
     except CellFailed:

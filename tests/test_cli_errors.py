@@ -28,6 +28,8 @@ CASES = {  # name: overrides of `bftrec-train debug=smoke`
     "copied_dataset": ["dataset=mysynth"],  # a copy of synthetic.yaml that kept name: synthetic
     "renamed_dataset": ["dataset.name=synth_big"],
     "model_variant": ["model=sasrec_small", "trainer.epochs=1"],  # a copy of sasrec.yaml keeps name: sasrec
+    "seed_negative": ["seed=-1"],  # issue 50: numpy's message, after the run directory existed
+    "seed_string": ["seed='07'"],  # issue 50: a seed07_ folder for a run that used 7
 }
 FLAGS = {k: ["--config-dir", "userconf"] for k in ("copied_dataset", "model_variant")}  # flags go first
 CELL = ["dataset=synthetic", "model=sasrec", "layer=standard", "seed=0"]
@@ -76,12 +78,19 @@ def results(tmp_path_factory):
     ("layer_typo", "unknown key 'layer.nmae'; did you mean layer.name?"),
     ("copied_dataset", "dataset=mysynth: its file says name: synthetic; set name: mysynth in dataset/mysynth.yaml"),
     ("renamed_dataset", "dataset.name=synth_big renames dataset=synthetic; drop it, or add dataset/synth_big.yaml"),
+    ("seed_negative", "seed=-1 is not a plain integer in [0, 4294967295]; e.g. seed=0"),
+    ("seed_string", "seed='07' is not a plain integer in [0, 4294967295]; write seed=7"),
 ])
 def test_config_mistake_is_one_line(results, name, expected):
     r = results[name]
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith(f"bftrec-train: error: {expected}") and r.stderr.count("\n") == 1, r.stderr
     assert "To append" not in r.stderr and "trainer.select_metric" not in r.stderr  # no wrong hint or key
+
+
+@pytest.mark.parametrize("name", ["seed_negative", "seed_string"])
+def test_a_bad_seed_is_refused_before_anything_is_written(results, name):
+    assert not (results["tmp"] / name).exists()
 
 
 def test_refused_dataset_copy_leaves_failed_not_a_bare_folder(results):

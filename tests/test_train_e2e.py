@@ -83,6 +83,9 @@ def test_rescoring_an_unfinished_run_says_so(tmp_path, caplog):
 @pytest.mark.parametrize("override, message", [
     ("trainer.epochz=3", "epochz"),
     ("model.max_len=0", "max_len"),
+    ("seed=-1", r"seed=-1 must be an integer in \[0, 4294967295\]"),
+    ("eval.n_bins=1000", r"eval.n_bins=1000 exceeds the \d+ distinct training counts .* use eval.n_bins<="),  # issue 50
+    ("eval.ks=[10,75]", r"K=75, but \d+ valid users have fewer than 75 candidates .* use K<="),  # issue 50
     ("eval.ks=[10,5000]", "K=5000"),
     ("eval.repeat_target=drop", "repeat_target"),
     ("trainer.select_metric=NDCG@50", "select_metric"),
