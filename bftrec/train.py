@@ -227,6 +227,9 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
                         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
                     log.info("run directory %s (composed config in config.yaml)", out_dir)
                 metrics = train_and_test(g, out_dir, device, resolved, started)
+    except KeyboardInterrupt as e:  # issue 50: one line with the resume command, not a traceback
+        mark_failed(out_dir, e)
+        raise Interrupted(resume_hint(out_dir)) from None
     except BaseException as e:
         mark_failed(out_dir, e)
         raise
@@ -288,7 +291,7 @@ def mark_failed(out_dir: Path, e: BaseException) -> None:
     if isinstance(e, NotThisRun) or not is_main() or not out_dir.is_dir() or (out_dir / "metrics.json").exists():
         return
     if isinstance(e, KeyboardInterrupt):
-        reason = "interrupted; continue it with trainer.resume=<this directory> if it holds last.pt"
+        reason = resume_hint(out_dir)
     else:
         reason = " ".join(one_line(e).split()) or type(e).__name__
     try:
@@ -298,6 +301,17 @@ def mark_failed(out_dir: Path, e: BaseException) -> None:
 
 
 FAILED = "FAILED"
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a run: its message is the one line the console prints (``resume_hint``)."""
+
+
+def resume_hint(out_dir: Path) -> str:
+    """What to do after an interrupt: the exact resume command when an epoch was saved (``last.pt``)."""
+    if (Path(out_dir) / "last.pt").exists():
+        return f"interrupted; continue it with: bftrec-train trainer.resume={out_dir}"
+    return f"interrupted before the first epoch was saved ({out_dir}); rerun the same command to start again"
 
 
 @contextmanager
@@ -656,6 +670,9 @@ def one_line_errors(prog: str):
     """Turn user-facing errors (bad config, missing file, bad data) into one line on stderr, exit 2."""
     try:
         yield
+    except Interrupted as e:  # Ctrl-C: the resume command, and the exit status of an interrupt
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(130)
     except USER_ERRORS as e:
         print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
@@ -745,6 +762,12 @@ def main() -> None:
         sys.exit(2)
     try:
         _hydra_main()
+    except Interrupted as e:
+        print(f"bftrec-train: {e}", file=sys.stderr)
+        sys.exit(130)  # the exit status of an interrupt (128 + SIGINT)
+    except KeyboardInterrupt:
+        print("bftrec-train: interrupted before a run directory held anything to resume", file=sys.stderr)
+        sys.exit(130)
     except CellFailed:
         sys.exit(2)
     except CompactHydraException as e:

@@ -326,3 +326,26 @@ def test_run_written_before_an_eval_key_rescores_with_it(tmp_path, finished_run)
     assert same["protocol"]["exclude_scope"] == "all" and window["protocol"]["exclude_scope"] == "window"
     assert same["test"] == json.loads((finished_run / "metrics.json").read_text())["test"]
     assert "exclude_scope: window" in (tmp_path / "window" / "config.yaml").read_text()
+
+
+def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
+    """issue 50 item 3: SIGINT after an epoch was saved: one line with the exact resume command, FAILED says the
+    same, exit status 130 (an interrupt), no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "bftrec.train", "debug=smoke", "trainer.epochs=400", "trainer.min_epochs=400",
+            f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("synthetic/*/*/*/last.pt")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    run_dir = next(tmp_path.glob("synthetic/*/*/*/last.pt")).parent
+    line = f"bftrec-train: interrupted; continue it with: bftrec-train trainer.resume={run_dir}"
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == line, err[-2000:]
+    assert "Traceback" not in err and "Error executing job" not in err
+    assert f"trainer.resume={run_dir}" in (run_dir / "FAILED").read_text()
