@@ -184,9 +184,9 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "", comp: pd.
         ax.set_title(ds)
         ax.set_ylabel(f"gain over standard in {metric} (%)")
         legend(ax, len(series))
-    fig.text(0.003, 0.998, "bars: 95% CI with the training seed as the unit; * p_seeds < 0.05; ** p_Holm < 0.05 "
-             "(pre-registered endpoints); symmetric-log axis, linear within ±10%", ha="left", va="top",
-             fontsize=7, color="dimgray")
+    fig.supxlabel("bars: 95% CI with the training seed as the unit; * p_seeds < 0.05; ** p_Holm < 0.05 "
+                  "(pre-registered endpoints); symmetric-log axis, linear within ±10%", fontsize=7,
+                  color="dimgray")  # placed by the figure's layout, below the panels
     return save(fig, path, note)
 
 

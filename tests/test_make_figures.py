@@ -95,7 +95,7 @@ def test_gain_bars_carry_seed_unit_intervals_on_a_readable_scale(runs, tmp_path)
     ax = fig.axes[0]
     assert ax.get_yscale() == "symlog" and ax.containers  # bars and error bars
     assert any(c.__class__.__name__ == "ErrorbarContainer" for c in ax.containers)
-    assert any(t.get_text().startswith("bars: 95% CI with the training seed as the unit") for t in fig.texts)
+    assert fig.get_supxlabel().startswith("bars: 95% CI with the training seed as the unit")
 
 
 def test_every_layer_gets_its_bars(runs, tmp_path):
