@@ -54,3 +54,20 @@ def test_stats_report_is_a_table_not_a_dict(capsys, caplog):
     assert "{" not in out and "duplicates dropped" in out
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "{" not in logged and "k-core" in logged
+
+
+def test_config_dir_finds_a_users_own_dataset_config(tmp_path, capsys):
+    """issue 47: bftrec-data takes --config-dir as the trainer does: DIR/dataset/<name>.yaml first."""
+    from bftrec.data.cli import main
+    from bftrec.data.datasets import CONFIG_DIR
+
+    (tmp_path / "conf" / "dataset").mkdir(parents=True)
+    text = (CONFIG_DIR / "synthetic.yaml").read_text().replace("name: synthetic", "name: mysynth")
+    (tmp_path / "conf" / "dataset" / "mysynth.yaml").write_text(text.replace("n_users: 2000", "n_users: 300"))
+    assert main(["--config-dir", str(tmp_path / "conf"), "prepare", "mysynth"]) == 0
+    assert "300 users" in capsys.readouterr().out
+    assert main(["--config-dir", str(tmp_path / "conf"), "list"]) == 0
+    assert "mysynth" in capsys.readouterr().out
+    assert main(["prepare", "mysynth"]) == 2  # without the folder it is unknown, in one line
+    assert main(["--config-dir", str(tmp_path / "nope"), "list"]) == 2
+    assert "--config-dir" in capsys.readouterr().err
