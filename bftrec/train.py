@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -231,6 +232,10 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
         mark_failed(out_dir, e)
         raise Interrupted(resume_hint(out_dir)) from None
     except BaseException as e:
+        fault = fault_line(e)
+        if fault:  # a full disk, an unwritable folder, out of memory: one line, FAILED holds it
+            mark_failed(out_dir, ConfigError(fault))
+            raise ConfigError(fault) from None
         mark_failed(out_dir, e)
         raise
     if report is not None:
@@ -301,6 +306,36 @@ def mark_failed(out_dir: Path, e: BaseException) -> None:
 
 
 FAILED = "FAILED"
+
+
+def fault_line(e: BaseException) -> Optional[str]:
+    """One line for a machine fault anywhere in ``e``'s chain (issue 50 item 2), None for anything else:
+
+    - no space left (ENOSPC, EDQUOT): the path and "free space or set out_root=";
+    - an output folder that cannot be written (EACCES, EPERM, EROFS, ENOTDIR): the path and the fix;
+    - out of memory (torch's allocator, ``MemoryError``): the size asked for where torch says it, and what to
+      lower.
+    """
+    import errno
+
+    seen, cur = set(), e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return (f"no space left on the device holding {cur.filename or 'the run directory'}; free space or "
+                    "set out_root= to another disk (the last good last.pt and checkpoint.pt are kept)")
+        if isinstance(cur, OSError) and cur.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            return (f"cannot write {cur.filename or 'the output folder'} ({os.strerror(cur.errno)}); set out_root= "
+                    "to a folder you can write")
+        text = str(cur)
+        if isinstance(cur, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
+            size = re.search(r"allocate (\d+) bytes", text) or re.search(r"allocate ([\d.]+ [KMGT]iB)", text)
+            what = (f"{int(size.group(1)) / 2**30:.1f} GiB" if size and size.group(1).isdigit()
+                    else size.group(1) if size else "more memory than is free")
+            return (f"out of memory: a step asked for {what}; lower trainer.batch_size, eval.batch_size, "
+                    "model.max_len or model.d_model, or use a machine with more memory")
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class Interrupted(Exception):
@@ -772,6 +807,12 @@ def main() -> None:
         sys.exit(2)
     except CompactHydraException as e:
         print(f"bftrec-train: error: {hydra_error_line(e, sys.argv[1:])}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # a fault while Hydra makes the run directory (a read-only or misspelled out_root)
+        fault = fault_line(e)
+        if not fault:
+            raise
+        print(f"bftrec-train: error: {fault}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -349,3 +349,49 @@ def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
     assert p.returncode == 130 and err.strip().splitlines()[-1] == line, err[-2000:]
     assert "Traceback" not in err and "Error executing job" not in err
     assert f"trainer.resume={run_dir}" in (run_dir / "FAILED").read_text()
+
+
+# --- issue 50 item 2: faults are named in one line, FAILED holds it, the last good checkpoint survives --------
+
+def test_a_full_disk_is_named_and_the_last_good_checkpoint_survives(tmp_path, monkeypatch):
+    import errno
+
+    from bftrec import trainer
+
+    real_save, calls = torch.save, {"n": 0}
+
+    def save(obj, f, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 2:  # epoch 1 saved checkpoint.pt and last.pt; then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(trainer.torch, "save", save)
+    with pytest.raises(ConfigError, match="no space left on the device holding .*free space or set out_root=") as e:
+        run(smoke_cfg(tmp_path, "trainer.epochs=3", "trainer.min_epochs=3"), tmp_path / "run")
+    assert "\n" not in str(e.value)
+    assert "no space left" in (tmp_path / "run" / "FAILED").read_text()
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=False)["state"]["epoch"] == 1  # intact
+    assert not list((tmp_path / "run").glob(".*.tmp*"))  # no torn temporary left behind
+
+
+def test_out_of_memory_is_named_with_the_size_and_what_to_lower(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 85899345920 bytes.")
+
+    monkeypatch.setattr(SASRec, "training_loss", boom)
+    with pytest.raises(ConfigError, match=r"out of memory: a step asked for 80.0 GiB; lower trainer.batch_size"):
+        run(smoke_cfg(tmp_path), tmp_path / "run")
+    assert "out of memory" in (tmp_path / "run" / "FAILED").read_text()
+
+
+def test_an_unwritable_out_root_is_one_line_through_the_console(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "a_file").write_text("not a folder")
+    r = subprocess.run([sys.executable, "-m", "bftrec.train", "debug=smoke", f"out_root={tmp_path / 'a_file' / 'x'}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    assert r.stderr.startswith("bftrec-train: error: cannot write ") and "set out_root=" in r.stderr
