@@ -66,6 +66,9 @@ class DatasetConfig:
     expected: ExpectedStats = field(default_factory=ExpectedStats)  # raw-read statistics to check
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # only for format=synthetic
     citation: str = ""  # how to cite the data and its preprocessing
+    columns: dict = field(default_factory=lambda: {"user": "user_id", "item": "item_id", "timestamp": "timestamp"})
+    #  (format: csv) the header's names of the user, item and timestamp columns (timestamp: null = none)
+    delimiter: str = ","  # (format: csv) the field separator, one character
     inject_rate: float = 0.0  # random items inserted into the training histories per interaction, [0, 1)
     inject_seed: int = 0  # generator seed of the injection (bftrec.data.inject)
 

@@ -166,6 +166,8 @@ def cache_key(cfg: DatasetConfig, raw_sha256: str) -> str:
               "min_user_interactions": cfg.min_user_interactions}
     if cfg.format == "synthetic":
         fields["synthetic"] = asdict(cfg.synthetic)
+    if cfg.format == "csv":  # which columns are read changes the data
+        fields.update(columns=dict(cfg.columns), delimiter=cfg.delimiter)
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
@@ -287,7 +289,7 @@ def _load_clean(cfg: DatasetConfig, data_root: Optional[str], cache_dir: Optiona
             _check_expected(cfg, data.stats, path)
             log.info("%s: loaded from cache %s", cfg.name, cfile)
             return data
-    frame = reader(path)
+    frame = reader(path, columns=dict(cfg.columns), delimiter=cfg.delimiter) if cfg.format == "csv" else reader(path)
     stats = {"raw_users": frame["user"].nunique(), "raw_items": frame["item"].nunique(),
              "raw_interactions": len(frame)}
     _check_expected(cfg, stats, path)

@@ -640,3 +640,56 @@ def read_lcrec_json(path: Path) -> pd.DataFrame:
 def read(fmt: str, path: Path) -> pd.DataFrame:
     """Read ``path`` with the reader registered as ``fmt`` (unknown name: ``KeyError`` listing all)."""
     return READERS.get(fmt)(Path(path))
+
+
+@READERS.register("csv")
+def read_named_csv(path: Path, columns: Optional[dict] = None, delimiter: str = ",") -> pd.DataFrame:
+    """A delimited file with a header row, its columns named by the dataset config (``format: csv``):
+    ``columns: {user: <name>, item: <name>, timestamp: <name or null>}``, ``delimiter`` (one character).
+    Other columns are ignored; RFC-4180 quoting (a quoted field may span lines). A null timestamp column
+    gives data without timestamps.
+
+    Raises:
+        DataFormatError (one line, naming the file and the line): a named column missing from the header
+        (listing the header's names), a header that reads as one field holding another delimiter (naming it),
+        an unterminated quote, a missing field, a timestamp that is not an integer.
+    """
+    path = Path(path)
+    cols = {"user": "user_id", "item": "item_id", "timestamp": "timestamp", **(columns or {})}
+    want = [cols["user"], cols["item"]] + ([cols["timestamp"]] if cols.get("timestamp") else [])
+    expected = f"a header naming {', '.join(want)}, then {delimiter!r}-separated rows (format: csv)"
+    if len(delimiter) != 1:
+        raise DataFormatError(f"{path.name}: dataset.delimiter={delimiter!r} must be one character, e.g. ','")
+    data = open_bytes(path)
+    text = data[: 1 << 20].decode("utf-8-sig", errors="replace")
+    first = next((i + 1 for i, ln in enumerate(text.splitlines()) if ln.strip()), 1)
+    head = _line(text, first)
+    fields = [f.strip().strip('"') for f in next(csv.reader([head], delimiter=delimiter), [])]
+    missing = [c for c in want if c not in fields]
+    if missing:
+        other = next((d for d in (",", ";", "\t", "|") if d != delimiter and d in head), None)
+        if len(fields) == 1 and other:
+            raise DataFormatError(f"{path.name}:{first}: the header reads as one field {head[:60]!r}: it is "
+                                  f"{other!r}-separated; set dataset.delimiter={other!r}")
+        raise DataFormatError(f"{path.name}:{first}: the header lacks {', '.join(map(repr, missing))} (it has "
+                              f"{', '.join(fields[:12])}); set dataset.columns to the names the file uses")
+    try:
+        df = pd.read_csv(io.BytesIO(data), sep=delimiter, dtype=str, usecols=want, keep_default_na=False,
+                         na_values=[""], encoding="utf-8-sig", engine="c", skipinitialspace=True)
+    except pd.errors.ParserError as err:
+        msg = " ".join(str(err).split())
+        m = re.search(r"(?:line|row) (\d+)", msg)
+        where = f":{m.group(1)}" if m else ""
+        fix = "close the quote" if "EOF inside string" in msg else f"expected {expected}"
+        raise DataFormatError(f"{path.name}{where}: {msg}; {fix}") from None
+    if cols.get("timestamp"):
+        return _csv_frame(path, data, df, True, (cols["user"], cols["item"], cols["timestamp"]), expected)
+    if len(df) == 0:
+        raise DataFormatError(f"{path.name}: no interactions (the file is empty)")
+    u, i = df[cols["user"]].str.strip(), df[cols["item"]].str.strip()
+    bad = (u.isna() | i.isna()).to_numpy()
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        lineno = _csv_lineno(data, k, True)
+        raise _fail(path, lineno, "missing field", _line(text, lineno), expected)
+    return _frame(u.to_numpy(), i.to_numpy(), None)

@@ -12,7 +12,7 @@ import pytest
 
 from bftrec.data.readers import READERS, DataFormatError, read
 
-ALL = ["amazon_csv", "amazon_json", "lcrec_json", "ml_csv", "ml_dat", "ml_udata", "s3rec", "sasrec",
+ALL = ["amazon_csv", "amazon_json", "csv", "lcrec_json", "ml_csv", "ml_dat", "ml_udata", "s3rec", "sasrec",
        "tsv"]
 
 
@@ -376,3 +376,40 @@ def test_ms_to_seconds_that_would_reorder_events_is_refused(tmp_path):
     with pytest.raises(DataFormatError) as e:
         read("tsv", write(tmp_path / "ms.tsv", text))
     one_line_error(e, "ms.tsv", "lines 1 and 2", "same second", "sort")
+
+
+# --- format: csv, a header with named columns (issue 47) ----------------------------------------------------
+
+def _csv_cfg(tmp_path, text: str, **kw):
+    from bftrec.data.config import DatasetConfig
+
+    (tmp_path / "mine.csv").write_text(text)
+    return DatasetConfig(name="mine", format="csv", path="mine.csv", kcore=0, **kw)
+
+
+def test_csv_with_a_header_maps_named_columns(tmp_path):
+    from bftrec.data.datasets import load_dataset
+
+    rows = "".join(f"u{u},extra,i{(u + t) % 7},{1000 + t}\n" for u in range(5) for t in range(4))
+    cfg = _csv_cfg(tmp_path, "who,note,what,when\n" + rows,
+                   columns={"user": "who", "item": "what", "timestamp": "when"})
+    data = load_dataset(cfg, data_root=str(tmp_path), cache_dir=str(tmp_path / "cache"))
+    assert data.n_users == 5 and len(data.items) == 20 and data.timestamps is not None
+    nots = _csv_cfg(tmp_path, "who;what\n" + "".join(f"u{u};i{t}\n" for u in range(3) for t in range(3)),
+                    columns={"user": "who", "item": "what", "timestamp": None}, delimiter=";")
+    assert load_dataset(nots, data_root=str(tmp_path), use_cache=False).timestamps is None
+
+
+@pytest.mark.parametrize("text, kw, message", [
+    ("user_id,item,timestamp\nu,i,1\n", {},
+     r"mine.csv:1: the header lacks 'item_id' \(it has user_id, item, timestamp\)"),
+    ("user_id;item_id;timestamp\nu;i;1\n", {},
+     r"mine.csv:1: the header reads as one field .* set dataset.delimiter=';'"),
+    ('user_id,item_id,timestamp\nu,"i,1\nv,j,2\n', {}, r"mine.csv.*close the quote"),
+])
+def test_a_malformed_csv_fails_in_one_line_naming_file_line_and_fix(tmp_path, text, kw, message):
+    from bftrec.data.datasets import load_dataset
+
+    with pytest.raises(ValueError, match=message) as e:
+        load_dataset(_csv_cfg(tmp_path, text, **kw), data_root=str(tmp_path), use_cache=False)
+    assert "\n" not in str(e.value)
