@@ -114,6 +114,9 @@ def verify_checksum(path: Union[str, Path], sha256: Optional[str]) -> str:
     Raises ``FileNotFoundError`` for a missing file and a one-line ``ValueError`` on mismatch.
     """
     path = Path(path)
+    if path.is_dir():  # issue 50: a folder is no data file, whatever the data root
+        raise ValueError(f"dataset path {path.resolve()} is a folder, not a data file; set `path` in the dataset "
+                         "yaml to the file inside it (relative to the data root)")
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path.resolve()} ({_ROOT_HINT})")
     digest = sha256_file(path)

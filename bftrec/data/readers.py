@@ -78,6 +78,8 @@ def _fail(path: Path, lineno: Optional[int], what: str, text: str, expected: str
 def open_bytes(path: Path) -> bytes:
     """The decompressed content of ``path``: plain, gzip (magic ``1f 8b``) or zip with one file."""
     path = Path(path)
+    if path.is_dir():
+        raise DataFormatError(f"{path.resolve()} is a folder, not a data file; point `path` at the file inside it")
     if not path.is_file():
         raise FileNotFoundError(
             f"data file not found: {path.resolve()} (set the data root with BFTREC_DATA_ROOT=/path "
@@ -103,7 +105,8 @@ def _text(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         lineno = data[: err.start].count(b"\n") + 1
-        raise DataFormatError(f"{path.name}:{lineno}: not UTF-8 text; expected a text file") from None
+        raise DataFormatError(f"{path.name}:{lineno}: not UTF-8 text (byte {data[err.start]:#04x}, e.g. Latin-1); "
+                              "re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8") from None
 
 
 # (upper bound of |t|, unit, units per second); see the module docstring "Timestamp units"
@@ -352,6 +355,25 @@ def _pick(header: list[str], names: Iterable[str]) -> Optional[int]:
     return next((clean.index(n) for n in names if n in clean), None)
 
 
+def _check_spaced_ids(path: Path, text: str) -> None:
+    """A tab-separated file whose line has as many tabs as the first line but more whitespace-separated fields
+    holds a space inside a field (an id such as 'user two'): one line naming it, instead of the column error
+    it would cause (fields split on any whitespace). Mixed separators (``1<TAB>2  1390694400``) have fewer
+    tabs than the first line and pass."""
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    k0 = first.count("\t")
+    if not k0:
+        return
+    for m in re.finditer(r"^[^\n]*\S +\S[^\n]*$", text, re.M):
+        line = m.group(0)
+        if line.count("\t") == k0 and len(line.split()) > k0 + 1:
+            field = next(f.strip() for f in line.split("\t") if " " in f.strip())
+            lineno = text[: m.start()].count("\n") + 1
+            raise DataFormatError(f"{path.name}:{lineno}: the tab-separated field {field!r} holds a space; ids "
+                                  "cannot contain spaces here (fields split on whitespace): replace them, e.g. "
+                                  "with '_'")
+
+
 @READERS.register("tsv")
 def read_tsv(path: Path) -> pd.DataFrame:
     """Tab (or whitespace) separated ``user item timestamp``, optional header, extra columns ignored.
@@ -367,6 +389,7 @@ def read_tsv(path: Path) -> pd.DataFrame:
     expected = "'user<TAB>item<TAB>timestamp[<TAB>…]' per line with an optional header row (tsv)"
     text = _text(path)
     _check_id_chars(path, text, expected)
+    _check_spaced_ids(path, text)
     tok = _Tokens(path, text)
     n = int(tok.counts[0])
     first = list(tok.array[:n])

@@ -413,3 +413,21 @@ def test_a_malformed_csv_fails_in_one_line_naming_file_line_and_fix(tmp_path, te
     with pytest.raises(ValueError, match=message) as e:
         load_dataset(_csv_cfg(tmp_path, text, **kw), data_root=str(tmp_path), use_cache=False)
     assert "\n" not in str(e.value)
+
+
+def test_messages_say_what_is_wrong(tmp_path):
+    """issue 50 item 5: a space inside a tab-separated id, a Latin-1 file, a folder given as the data file."""
+    from bftrec.data.datasets import verify_checksum
+
+    (tmp_path / "space.tsv").write_text("u1\ti1\t100\nuser two\ti2\t200\n")
+    with pytest.raises(ValueError, match=r"space.tsv:2: the tab-separated field 'user two' holds a space") as e:
+        read("tsv", tmp_path / "space.tsv")
+    assert "timestamp is not an integer" not in str(e.value)
+    (tmp_path / "latin.tsv").write_bytes("u1\ti1\t100\nu\xe9\ti2\t200\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin.tsv:2: not UTF-8 text .*re-encode the file as UTF-8"):
+        read("tsv", tmp_path / "latin.tsv")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match="is a folder, not a data file"):
+        verify_checksum(tmp_path / "folder", None)
+    with pytest.raises(ValueError, match="is a folder, not a data file"):
+        read("tsv", tmp_path / "folder")
