@@ -90,6 +90,15 @@ def run_roots(root) -> list[Path]:
     return [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
 
 
+def _json(path: Path) -> dict:
+    """A run's JSON file; a torn or truncated one stops in one line naming it (issue 50)."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"make_tables: {path} is not valid JSON ({e}; a torn or truncated write?); rerun that "
+                         "cell or move its folder away") from None
+
+
 def load_runs(root) -> list[dict]:
     """Every run below ``root`` (``root`` itself may be one run; a list of folders: the runs below
     each, a run under two of them counted once): its metrics.json plus the paths of its folder and
@@ -111,9 +120,9 @@ def load_runs(root) -> list[dict]:
     for _, mpath in sorted(found.items()):  # resolved order: the same however the folders are spelled
         if mpath.parent.name.startswith("eval_"):
             continue  # re-scored copies (bftrec-eval) are not extra seeds
-        m = json.loads(mpath.read_text())
+        m = _json(mpath)
         env = mpath.parent / "env.json"
-        m["_env"] = json.loads(env.read_text()) if env.exists() else {}
+        m["_env"] = _json(env) if env.exists() else {}
         m["_ranks"] = mpath.parent / "ranks.csv.gz"
         m["_dir"] = mpath.parent
         m["_overrides"] = _overrides(mpath.parent)

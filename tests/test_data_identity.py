@@ -60,3 +60,17 @@ def test_tables_never_pool_seeds_trained_on_different_data(tmp_path):
         load_script("make_tables").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
     shutil.rmtree(tmp_path / "runs" / "seed1")
     load_script("make_tables").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+
+
+def test_a_finished_grid_cell_on_other_data_is_not_skipped_silently(tmp_path):
+    """issue 50: a grid relaunched on another data root refuses the finished cell instead of skipping it."""
+    rows = [f"u{u}\ti{(u * 3 + t) % 40 + 1}\t{1_600_000_000 + 60 * t}" for u in range(60) for t in range(8)]
+    (tmp_path / "mini.tsv").write_text("\n".join(rows) + "\n")
+    over = ["dataset.format=tsv", "dataset.path=mini.tsv", f"data_root={tmp_path}", "skip_finished=true",
+            "eval.n_bins=2"]
+    run(smoke_cfg(tmp_path, *over), tmp_path / "cell")
+    run(smoke_cfg(tmp_path, *over), tmp_path / "cell")  # the same data: skipped
+    (tmp_path / "mini.tsv").write_text("\n".join(rows[::-1][:1] + rows[1:]) + "\n")  # other contents, same name
+    with pytest.raises(ConfigError, match="holds a finished run on other data .*sha256") as e:
+        run(smoke_cfg(tmp_path, *over), tmp_path / "cell")
+    assert "\n" not in str(e.value) and not (tmp_path / "cell" / "FAILED").exists()

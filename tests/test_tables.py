@@ -1,5 +1,6 @@
 """scripts/make_tables.py reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -579,3 +580,14 @@ def test_runs_with_different_injection_rates_are_never_pooled(runs, tmp_path):
     _edit_config(root / "bft" / "seed1", lambda c: c["dataset"].update(inject_rate=0.3))
     with pytest.raises(SystemExit, match="inject_rate"):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+
+
+def test_a_truncated_metrics_json_is_named_in_one_line(runs, tmp_path):
+    """issue 50: make_tables on a torn metrics.json names the file, instead of a 22-line traceback."""
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+    bad = root / "bft" / "seed1" / "metrics.json"
+    bad.write_text(bad.read_text()[:100])
+    with pytest.raises(SystemExit, match=f"make_tables: {re.escape(str(bad))} is not valid JSON") as e:
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
+    assert "\n" not in str(e.value)

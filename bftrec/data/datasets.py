@@ -263,6 +263,25 @@ def data_identity(data: SeqData) -> dict:
             "sha256": (data.stats.get("source") or {}).get("sha256")}
 
 
+_SHA_MEMO: dict = {}
+
+
+def raw_sha256(cfg: DatasetConfig, data_root: Optional[str]) -> Optional[str]:
+    """The sha256 of a dataset's raw file as it is now (None for generated data or a missing file), memoised
+    per (path, size, mtime) within the process: cheap enough to check every skipped grid cell."""
+    if cfg.format == "synthetic":
+        return None
+    try:
+        path = resolve_data_root(data_root, cfg.name) / cfg.path
+        st = path.stat()
+    except (ValueError, OSError):
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_MEMO:
+        _SHA_MEMO[key] = sha256_file(path)
+    return _SHA_MEMO[key]
+
+
 def other_data(recorded: dict | None, current: dict) -> str | None:
     """One line saying how ``current`` (``data_identity``) differs from a run's ``recorded`` identity; None when
     they agree or nothing was recorded (a run older than the record)."""
