@@ -52,6 +52,7 @@ class TrainerConfig:
     train_windows: str = "last"
     train_window_stride: Optional[int] = None  # sliding: window ends S items apart (1..max_len); null = max_len
     divergence_factor: float = 100.0  # stop when a step's loss exceeds this x the first epoch's mean; 0 = off
+    tensorboard: bool = False         # TensorBoard curves in <run dir>/tensorboard (the optional extra)
 
 
 @dataclass

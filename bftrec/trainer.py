@@ -38,6 +38,7 @@ from bftrec.evaluation import rank_users
 from bftrec.grid import atomic
 from bftrec.layers import Stack, optimizer_param_groups
 from bftrec.metrics import summarize
+from bftrec.tensorboard import Curves, check_available
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     """
     check_trainer_config(cfg, eval_cfg, max_len)
     check_windows_model(cfg.train_windows, model)
+    if cfg.tensorboard:
+        check_available()
     amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
     tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
@@ -365,6 +368,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         tau = getattr(getattr(model, "stack", None), "tau", None)  # BFT: τ's start, log n̄ included (BFT.md §7)
         state["tau_start"] = tau.start_values().cpu().clone() if tau is not None else None
 
+    curves = Curves.open(cfg.tensorboard and is_main(), out_dir)  # opt-in TensorBoard curves
     steps = cfg.max_steps_per_epoch or None
     first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
     params = [p for p in model.parameters() if p.requires_grad]
@@ -449,6 +453,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                      cfg.select_metric, score, state["best"], state["best_epoch"], time.time() - t0)
         state["history"].append(row)
         state["epoch"] = epoch
+        if curves is not None:
+            curves.epoch(epoch, row, mean_gain(model, first), model)
         if is_main():  # atomic writes: a job killed mid-save leaves the previous file intact
             save_history()
             with atomic(out_dir / "last.pt") as tmp:
@@ -459,6 +465,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
                      cfg.select_metric, state["bad"])
             stopped = True
             break
+    if curves is not None:
+        curves.close()
     if is_main() and state["history"] and not (out_dir / "history.csv").exists():  # resumed with nothing to train
         save_history()
     if state["best_epoch"] < 0:
