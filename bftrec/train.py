@@ -8,6 +8,7 @@ best checkpoint and writes ``metrics.json``, ``ranks.csv.gz``, ``history.csv``, 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -156,8 +157,10 @@ def cpu_name() -> str:
 
 def build(g: dict, device: torch.device) -> tuple:
     """Load the dataset and build the backbone from typed groups; returns (data, train_counts, model)."""
-    root = g["root"]
-    data = load_dataset(g["dataset"], data_root=root.data_root, cache_dir=root.cache_dir)
+    root, ds = g["root"], g["dataset"]
+    if ds.inject_rate and ds.inject_seed is None:  # injected data: seed s of every layer sees the same draw
+        ds = dataclasses.replace(ds, inject_seed=root.seed)
+    data = load_dataset(ds, data_root=root.data_root, cache_dir=root.cache_dir)
     counts = data.train_counts()
     info = DataInfo(n_items=data.n_items, train_counts=counts, has_timestamps=data.timestamps is not None)
     return data, counts, g["model_cls"](g["model"], g["layer"], info).to(device)

@@ -70,7 +70,7 @@ class DatasetConfig:
     #  (format: csv) the header's names of the user, item and timestamp columns (timestamp: null = none)
     delimiter: str = ","  # (format: csv) the field separator, one character
     inject_rate: float = 0.0  # random items inserted into the training histories per interaction, [0, 1)
-    inject_seed: int = 0  # generator seed of the injection (bftrec.data.inject)
+    inject_seed: Optional[int] = None  # generator seed of the injection (bftrec.data.inject); null = the run's seed
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -59,3 +59,12 @@ def test_the_rate_reaches_metrics_json(tmp_path):
     run(smoke_cfg(tmp_path, "dataset.inject_rate=0.2", "dataset.inject_seed=3"), tmp_path / "run")
     got = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]["injection"]
     assert got["rate"] == 0.2 and got["seed"] == 3 and got["injected"] > 0
+
+
+def test_the_injection_seed_defaults_to_the_runs_seed(tmp_path):
+    """dataset.inject_seed: null (the default): each training seed draws its own injected data."""
+    from bftrec.train import run
+    from tests.test_train_e2e import smoke_cfg
+
+    run(smoke_cfg(tmp_path, "dataset.inject_rate=0.2", "seed=1"), tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]["injection"]["seed"] == 1
