@@ -580,7 +580,7 @@ def cell_flags(runs: list[dict]) -> str:
     command-line overrides beyond the grid axes (``extra_overrides``, ``trainer.amp`` aside), and
     ``capped: <layer> s<seed> (best e of E)`` for a run that ran to its epoch cap (not stopped early)
     with its best validation epoch among its last two: validation still rose when the cap stopped it."""
-    extra = sorted({o.split(" (")[0] for o in extra_overrides(runs) if not o.startswith("trainer.amp=")})
+    extra = sorted({o.split(" (")[0] for o in extra_overrides(runs) if is_trial_override(o)})
     flags = [f"TRIAL: {'; '.join(extra)}"] if extra else []
     capped = [f"{r['layer']} s{r['seed']} (best {r['best_epoch']} of {r['epochs_run']})" for r in runs
               if r.get("stopped_early") is False and r.get("best_epoch") is not None
@@ -892,13 +892,23 @@ def extra_overrides(runs: list[dict]) -> list[str]:
     return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
 
 
+def is_trial_override(o: str) -> bool:
+    """Whether a command-line override makes a run a trial: any key=value but ``trainer.amp`` (compared as it
+    took effect) and a config-group choice that defines a cell variant with its own tag (``+tau_variant=mlp``,
+    ``sasrec_convention=recbole``); ``debug=...`` always is a trial."""
+    key = o.split(" (")[0].lstrip("+~").partition("=")[0]
+    if key == "trainer.amp":
+        return False
+    return "." in key or key == "debug"
+
+
 def run_note(runs: list[dict], missing: list[tuple]) -> str:
     """``PARTIAL: n of m cells missing; TRIAL: overrides ...`` for titles; empty for a complete plain run set.
     ``trainer.amp`` is no trial: what it took effect as is compared like any config key (``run_config``,
     ``check_comparable``), so the main grid's GPU cells, run with ``trainer.amp=false`` to stay in float32 like
     its CPU cells, are not flagged (the table header still lists the override)."""
     notes = [f"PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing"] if missing else []
-    extra = [o for o in extra_overrides(runs) if not o.startswith("trainer.amp=")]
+    extra = [o for o in extra_overrides(runs) if is_trial_override(o)]
     if extra:
         notes.append(f"TRIAL: {'; '.join(extra)}")
     return "; ".join(notes)

@@ -105,6 +105,7 @@ def test_interval_needs_two_seeds_a_baseline_hit_and_aligned_users():
     assert st.seed_user_ci([(a, b), (a, 0 * b)]) is None
     both = st.seed_user_ci([(np.stack([a, a], 1), np.stack([b, 0 * b], 1))] * 2)
     assert both[0] is not None and both[1] is None  # per metric column
+    assert st.seed_user_ci([(a[:0], b[:0])] * 3) is None  # an empty group (no user in it)
     with pytest.raises(ValueError, match="different numbers of users"):
         st.seed_user_ci([(a, b), (a[:-1], b[:-1])])
 

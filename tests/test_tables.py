@@ -591,3 +591,9 @@ def test_a_truncated_metrics_json_is_named_in_one_line(runs, tmp_path):
     with pytest.raises(SystemExit, match=f"make_tables: {re.escape(str(bad))} is not valid JSON") as e:
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
     assert "\n" not in str(e.value)
+
+
+def test_a_tagged_group_variant_is_no_trial_but_debug_and_key_overrides_are():
+    mt = _make_tables()
+    assert not mt.is_trial_override("+tau_variant=mlp (5 runs)") and not mt.is_trial_override("trainer.amp=false")
+    assert mt.is_trial_override("trainer.epochs=2 (1 runs)") and mt.is_trial_override("debug=smoke")

@@ -112,11 +112,11 @@ def seed_user_ci(per_seed: list[tuple[np.ndarray, np.ndarray]], n_boot: int = BO
     """
     S = len(per_seed)
     one = S == 0 or np.ndim(per_seed[0][0]) == 1
+    m = 1 if one else np.shape(per_seed[0][0])[1]
+    if S < MIN_SEEDS or any(len(a) == 0 for a, _ in per_seed):
+        return None if one else [None] * m
     cols = [(np.asarray(a, dtype=np.float64).reshape(len(a), -1), np.asarray(b, dtype=np.float64).reshape(len(b), -1))
             for a, b in per_seed]
-    m = cols[0][0].shape[1] if S else 1
-    if S < MIN_SEEDS or any(len(a) == 0 for a, _ in cols):
-        return None if one else [None] * m
     n = len(cols[0][0])
     if any(len(a) != n or len(b) != n for a, b in cols):
         raise ValueError(f"seed_user_ci: the seeds score different numbers of users ({[len(a) for a, _ in cols]}); "
