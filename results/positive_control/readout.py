@@ -163,7 +163,12 @@ def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | N
     log_count = np.log1p(np.bincount(data.items, minlength=data.n_items + 1)[per_item.index.to_numpy()])
     partial = spearmanr(np.c_[per_item.to_numpy(), rel, log_count]).statistic  # (3, 3) rank correlations
     r_lr, r_lc, r_rc = partial[0, 1], partial[0, 2], partial[1, 2]
+    tau = getattr(getattr(model, "stack", None), "tau", None)
+    table = getattr(tau, "tau", None)  # (n_tokens, dims) with tau.kind=item
+    lam = table.detach()[1:].float().exp().flatten().numpy() if isinstance(table, torch.nn.Parameter) else None
     return {"tokens": int(len(t["K"])), "planted share": float(t["planted"].mean()),
+            "item lam0 min / median / max": [float(lam.min()), float(np.median(lam)), float(lam.max())]
+            if lam is not None else None,
             "AUROC low item count alone, planted vs clean": auroc(-count, t["planted"], np.ones_like(clean)),
             "AUROC high K within item-count quintiles": within_count(t["K"]),
             "AUROC low lam0 within item-count quintiles": within_count(-t["lam0"]),
@@ -280,6 +285,12 @@ def markdown(out: dict) -> str:
                   f"{ma('AUROC low attention, planted vs clean')} over all tokens, "
                   f"{ma('same, within each distance from the end')} within each distance from the end; "
                   f"mean mass planted / clean {mm[0]:.4f} / {mm[1]:.4f}."]
+    spread = [f"{arm} {', '.join(f'{v:.2g}' for v in np.median([r['item lam0 min / median / max'] for r in rows], 0))}"
+              for arm, per_seed in out["mechanism"].items()
+              if (rows := [v for v in per_seed.values() if v and v.get("item lam0 min / median / max")])]
+    if spread:
+        lines += ["", "Learned λ⁰ = e^τ over the item table (min, median, max; median over seeds): "
+                  + "; ".join(spread)]
     lines += ["", "Best validation epochs (of the fixed 20): " + "; ".join(
         f"{k}: {v}" for k, v in out["best_epochs"].items())]
     return "\n".join(lines) + "\n"
