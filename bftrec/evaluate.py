@@ -27,7 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
-from bftrec.data.datasets import data_identity, other_data
+from bftrec.data.datasets import data_identity, identity_of_stats, other_data
 from bftrec.evaluation import check_candidates
 from bftrec.train import (
     build,
@@ -73,10 +73,7 @@ def recorded_data(run_dir: Path, ck: dict) -> dict | None:
     if ck.get("data"):
         return ck["data"]
     m = run_dir / "metrics.json"
-    if m.exists():
-        stats = json.loads(m.read_text()).get("data") or {}
-        return {"fingerprint": stats.get("fingerprint"), "sha256": (stats.get("source") or {}).get("sha256")}
-    return None
+    return identity_of_stats(json.loads(m.read_text()).get("data")) if m.exists() else None
 
 
 def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None, allow_other_data: bool = False) -> dict:

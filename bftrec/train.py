@@ -42,7 +42,7 @@ from bftrec.config import (
     validate_root,
 )
 from bftrec.data.config import DatasetConfig
-from bftrec.data.datasets import load_dataset, other_data, raw_sha256
+from bftrec.data.datasets import identity_of_stats, load_dataset, other_data, raw_sha256
 from bftrec.evaluation import check_candidates, check_eval_config, rank_users
 from bftrec.grid import append_ledger, atomic, cell_lock, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
@@ -219,8 +219,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             except ConfigError as e:
                 raise NotThisRun(str(e)) from None
             if status == "skipped":  # issue 50: a finished cell of the same config, but was it on this data?
-                recorded = ((stored.get("data") or {}).get("source") or {}).get("sha256")
-                differs = other_data({"sha256": recorded}, {"sha256": raw_sha256(ds, root.data_root)})
+                recorded = {"sha256": identity_of_stats(stored.get("data"))["sha256"]}  # the raw file: cheap to hash
+                differs = other_data(recorded, {"sha256": raw_sha256(ds, root.data_root)})
                 if differs:
                     raise NotThisRun(f"{out_dir} holds a finished run on other data ({differs}); point "
                                      "BFTREC_DATA_ROOT at the data it used, or move that run away to rerun it")

@@ -54,7 +54,7 @@ import yaml
 from scipy.stats import wilcoxon
 
 from bftrec.config import EvalConfig, upgrade_legacy_layer
-from bftrec.data.datasets import other_data
+from bftrec.data.datasets import identity_of_stats, other_data
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
 from bftrec.report.stats import (
     MIN_BASELINE_HITS,
@@ -296,12 +296,6 @@ def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
     return out
 
 
-def _data_identity(run: dict) -> dict:
-    """The data identity a run's metrics.json records (older runs: whatever part of it they have)."""
-    stats = run.get("data") or {}
-    return {"fingerprint": stats.get("fingerprint"), "sha256": (stats.get("source") or {}).get("sha256")}
-
-
 def check_comparable(groups: dict) -> None:
     """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
     between a layer and its standard baseline); one line naming both folders and the keys.
@@ -316,7 +310,7 @@ def check_comparable(groups: dict) -> None:
             pa, pb = ({k: v for k, v in x["protocol"].items() if k != "repeat_target_share"} for x in (ref, r))
             diff = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
             diff += config_differences(ref, r, ignore=allowed)
-            data = other_data(_data_identity(ref), _data_identity(r))
+            data = other_data(identity_of_stats(ref.get("data")), identity_of_stats(r.get("data")))
             if data:  # issue 50: the same config on two different files is two experiments
                 raise SystemExit(f"make_tables: {ref['_dir']} and {r['_dir']} are compared in one table but trained on "
                                  f"different data ({data.replace(' in the run', ' in the other')}); rerun one of them "

@@ -260,8 +260,14 @@ def data_fingerprint(data: SeqData) -> str:
 def data_identity(data: SeqData) -> dict:
     """What a run records of its data (checkpoints, metrics.json): the processed data's ``fingerprint`` and,
     for a file, its ``sha256``."""
-    return {"fingerprint": data.stats.get("fingerprint") or data_fingerprint(data),
-            "sha256": (data.stats.get("source") or {}).get("sha256")}
+    return {**identity_of_stats(data.stats), "fingerprint": data.stats.get("fingerprint") or data_fingerprint(data)}
+
+
+def identity_of_stats(stats: dict | None) -> dict:
+    """The data identity recorded in a data-statistics block (``metrics.json``'s ``data``): ``fingerprint`` and
+    the raw file's ``sha256``, None where a run older than the record lacks them."""
+    stats = stats or {}
+    return {"fingerprint": stats.get("fingerprint"), "sha256": (stats.get("source") or {}).get("sha256")}
 
 
 _SHA_MEMO: dict = {}
