@@ -97,6 +97,19 @@ def check_candidates(items: np.ndarray, offsets: np.ndarray, which: str, n_items
                           f"whatever the scores; use K<={int(n_cand.min())} or eval.exclude_history=false")
 
 
+def gather_topk(sink: list) -> tuple[np.ndarray, np.ndarray]:
+    """(users (U,) int64, lists (U, K) int64) from ``rank_users``' ``topk_sink`` of every process."""
+    rank, world = _dist()
+    parts = [sink]
+    if world > 1:
+        parts = [None] * world
+        torch.distributed.all_gather_object(parts, sink)
+    chunks = [c for part in parts for c in part]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.int64)
+    return np.concatenate([u for u, _ in chunks]), np.concatenate([t for _, t in chunks])
+
+
 def sample_candidates(items: np.ndarray, split: Split, n_items: int, cfg: EvalConfig,
                       train_counts: np.ndarray) -> np.ndarray:
     """(U, 1 + n_negatives) int64 fixed candidates per user, the target in column 0.
@@ -167,7 +180,8 @@ def _full_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Optional[np.ndarray],
                which: str, n_items: int, max_len: int, train_counts: np.ndarray, cfg: EvalConfig,
-               device: torch.device, mech_sink: Optional[list] = None) -> pd.DataFrame:
+               device: torch.device, mech_sink: Optional[list] = None, topk_sink: Optional[list] = None,
+               topk: int = 10) -> pd.DataFrame:
     """Score every user of split ``which`` and return the rank table.
 
     Args:
@@ -180,6 +194,9 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
         cfg: evaluation settings.
         mech_sink: if a list is given and the model has BFT layers, per-chunk mechanism dicts
             (with the chunk's item windows and users) are appended to it.
+        topk_sink: if a list is given (full ranking), ``(users (B,) int64, items (B, topk) int64)`` of each
+            chunk's recommended lists, after history exclusion, best first, are appended to it (under
+            torch.distributed, of this process's users: ``gather_topk`` collects them).
     Returns:
         DataFrame with columns user, target, rank, history_len, target_count; one row per user,
         sorted by user.
@@ -232,6 +249,8 @@ def rank_users(model, items: np.ndarray, offsets: np.ndarray, timestamps: Option
             c = torch.from_numpy(cands[sl]).to(device)
             r = ranks_from_scores(scores.gather(1, c), torch.zeros(len(c), dtype=torch.long, device=device))
         else:
+            if topk_sink is not None:  # the lists as recommended, before _full_ranks overwrites the scores
+                topk_sink.append((part.users, scores.topk(min(topk, n_items), dim=1).indices.cpu().numpy()))
             r = _full_ranks(scores, tgt)  # overwrites scores
         r = r.cpu().numpy()
         r[miss] = n_items + 1

@@ -29,6 +29,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from bftrec.beyond import beyond_accuracy
 from bftrec.config import (
     ConfigError,
     EvalConfig,
@@ -43,7 +44,7 @@ from bftrec.config import (
 )
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import identity_of_stats, load_dataset, other_data, raw_sha256
-from bftrec.evaluation import check_candidates, check_eval_config, rank_users
+from bftrec.evaluation import check_candidates, check_eval_config, gather_topk, rank_users
 from bftrec.grid import append_ledger, atomic, cell_lock, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
@@ -601,14 +602,19 @@ def evaluate_test(model, data, counts: np.ndarray, ev: EvalConfig, device: torch
 
     ``tau_start`` ((n_tokens,) float32, BFT's τ after calibration) adds each stratum's starting λ⁰."""
     sink: Optional[list] = [] if ev.mechanism else None
+    tops: Optional[list] = [] if ev.protocol == "full" else None  # the recommended lists: beyond-accuracy
     table = rank_users(model, data.items, data.offsets, data.timestamps, "test", data.n_items, max_len,
-                       counts, ev, device, mech_sink=sink)
+                       counts, ev, device, mech_sink=sink, topk_sink=tops, topk=max(ev.ks))
     thr = ev.cold_user_max_history
     if thr is None:
         thr = cold_threshold(table["history_len"].to_numpy(), ev.cold_share)
     test = stratify(table, counts, n_bins=ev.n_bins, bin_mode=ev.bin_mode, cold_max_history=thr,
                     ks=tuple(ev.ks))
     out = {"test": test, "ranks": table, "repeat_target_share": _repeat_share(data, table)}
+    if tops is not None:
+        users, lists = gather_topk(tops)
+        k = 10 if 10 in ev.ks else min(ev.ks)
+        out["beyond_accuracy"] = beyond_accuracy(users, lists, table, test, counts, data.n_items, k)
     if sink is not None:  # every process takes part: the statistics are gathered over all of them
         hist = np.zeros(data.n_users, dtype=np.int64)
         hist[table["user"].to_numpy()] = table["history_len"].to_numpy()

@@ -58,7 +58,9 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
     mt = _make_tables()
     mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
     out = capsys.readouterr().out
-    assert "make_tables: wrote 12 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
+    assert "make_tables: wrote 14 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
+    beyond = pd.read_csv(runs / "tables" / "beyond.csv")
+    assert list(beyond["layer"]) == ["bft", "standard"] and "coverage@10" in beyond and "gini@10" in beyond
     overall = (runs / "tables" / "overall.md").read_text()
     head = overall.split("\n|")[0]
     assert len(head) < 600 and "[protocol.md](protocol.md)" in head  # a short header; the rest is one click away
