@@ -747,8 +747,10 @@ def overall_table(groups: dict, comp: pd.DataFrame) -> pd.DataFrame:
                     row[gain_col(m, layer)] = gain_cell(look.get(k3 + (layer, "overall", m)))
         for layer in [STANDARD] + layers:
             rs = groups.get(k3 + (layer,))
-            row[f"valid NDCG@10 {layer}"] = fmt([r["valid"]["NDCG@10"] for r in rs]) if rs else "–"
-            row[f"best epoch {layer}"] = fmt_epochs([r["best_epoch"] for r in rs]) if rs else "–"
+            # a bftrec-eval re-score has no validation block; its best epoch is the checkpoint's
+            row[f"valid NDCG@10 {layer}"] = fmt([(r.get("valid") or {}).get("NDCG@10") for r in rs]) if rs else "–"
+            epochs = [r.get("best_epoch") for r in rs or [] if r.get("best_epoch") is not None]
+            row[f"best epoch {layer}"] = fmt_epochs(epochs) if epochs else "–"
         row["flags"] = row_flags(look, k3, layers)
         rows.append(row)
     return pd.DataFrame(rows)

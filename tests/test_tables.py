@@ -599,3 +599,16 @@ def test_a_tagged_group_variant_is_no_trial_but_debug_and_key_overrides_are():
     mt = _make_tables()
     assert not mt.is_trial_override("+tau_variant=mlp (5 runs)") and not mt.is_trial_override("trainer.amp=false")
     assert mt.is_trial_override("trainer.epochs=2 (1 runs)") and mt.is_trial_override("debug=smoke")
+
+
+def test_tables_take_rescored_runs_with_their_beyond_accuracy(runs, tmp_path):
+    """issue 48: old checkpoints re-scored by bftrec-eval (no validation block) table like runs, with beyond.csv."""
+    from bftrec.evaluate import rescore
+
+    for layer in ("standard", "bft"):
+        for seed in (0, 1):
+            rescore(runs / "runs" / layer / f"seed{seed}", [], tmp_path / "re" / layer / f"seed{seed}")
+    _make_tables().main(["--runs", str(tmp_path / "re"), "--out", str(tmp_path / "t")])
+    assert (tmp_path / "t" / "beyond.csv").exists()
+    overall = pd.read_csv(tmp_path / "t" / "overall.csv", keep_default_na=False)
+    assert overall["valid NDCG@10 bft"].iloc[0] == "–"
