@@ -281,8 +281,13 @@ def test_every_backbone_passes_negatives_per(name: str, layer: str) -> None:
         cfg = cls.Config(d_model=8, n_heads=1, d_ff=8, n_layers=1, max_len=8, dropout=0.0, attn_dropout=0.0,
                          loss="sampled_softmax", n_negatives=4, negatives_per=per)
         torch.manual_seed(0)
-        model = cls(cfg, LAYER_CONFIGS[layer](),
-                    DataInfo(n_items=30, train_counts=np.arange(31, dtype=np.int64), has_timestamps=True))
+        try:
+            model = cls(cfg, LAYER_CONFIGS[layer](),
+                        DataInfo(n_items=30, train_counts=np.arange(31, dtype=np.int64), has_timestamps=True))
+        except ConfigError as e:  # a backbone without the optional BFT twin (docs/ADD_A_BACKBONE.md) is skipped
+            if "not available" in str(e):
+                pytest.skip(f"{name} has no {layer} variant: {e}")
+            raise
         torch.manual_seed(3)
         losses[per] = model.training_loss({"seq": seq, "time": time}).item()
         assert np.isfinite(losses[per]), (per, losses)
