@@ -116,7 +116,7 @@ def save(fig: Figure, path: Path, note: str = "") -> Figure:
 
 def seed_unit_bar(rs: list[dict], base: list[dict], stratum: str, metric: str, row: dict | None) -> tuple:
     """(gain %, lo %, hi %, mark) of one bar, the training seed as the unit: from the table's comparison row
-    (``make_tables.comparisons``: mean per-seed gain, its two-stage interval, ``*`` for p_seeds < 0.05 and
+    (``make_tables.comparisons``: mean per-seed gain, its seed-and-user interval, ``*`` for p_seeds < 0.05 and
     ``**`` for p_Holm < 0.05 on a pre-registered endpoint) when given, else from metrics.json alone (mean
     per-seed gain and a t interval over seeds, ``*`` for p_seeds < 0.05). NaN where undefined."""
     if row is not None:

@@ -1,8 +1,8 @@
 """Statistics of a layer-against-standard comparison with the training seed as the unit of replication.
 
-A retraining moves a gain more than resampling the users of one trained model does (on the main grid,
-2.3x: docs in results/paper_main/README.md), so a claim that a layer beats ``standard`` rests here on a
-test over seeds, and its interval resamples seeds first, then users within each drawn seed:
+A retraining can move a gain more than resampling the test users of one trained model does, so a claim that a
+layer beats ``standard`` rests here on a test over seeds, and its interval counts both retraining and
+test-user noise:
 
 - ``seed_t_p``: two-sided one-sample t-test (scipy) of the per-seed relative gains against 0;
 - ``seed_user_ci``: the 95% interval of the mean per-seed gain whose standard error adds the retraining
@@ -15,7 +15,7 @@ test over seeds, and its interval resamples seeds first, then users within each 
 
 Inputs are relative gains ((layer − standard) / standard, a float; +0.05 = +5%) and per-user metrics
 ((n,) float64, 0/1 hits or NDCG per user). Sources: Efron & Tibshirani 1993 (bootstrap), Davison &
-Hinkley 1997 §3.8 (two-stage resampling of hierarchical data), Paule & Mandel 1982, Higgins & Thompson
+Hinkley 1997 §3.8 (resampling hierarchical and crossed data), Paule & Mandel 1982, Higgins & Thompson
 2002 (I²).
 """
 from __future__ import annotations
