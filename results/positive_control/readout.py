@@ -9,8 +9,9 @@ inserted, which users are noisy), and writes ``<root>/readout.json`` and ``<root
 
 - per arm against ``standard`` on the planted data (and ``bft`` against ``standard`` on the clean null): the
   HR@10 gain with the training seed as the unit (``bftrec.report.stats``: mean per-seed gain, t-test over
-  seeds, an interval with retraining and test-user noise, the gain detectable at power 0.8), for all users, for the users whose
-  last history item is unreliable (the item to predict does not depend on it) and for the noisy users;
+  seeds, an interval with retraining and test-user noise, the gain detectable at power 0.8), for all users,
+  for the users whose last history item is unreliable (the item to predict does not depend on it), for the
+  noisy users and for those of them whose test target is genuine (not an inserted random item);
 - per BFT arm and seed, on the test histories at the best checkpoint: the Spearman correlation of each item's
   mean λ⁰ with its true reliability (1 reliable, 0 not); the AUROC with which K (mean over blocks) separates
   planted tokens (unreliable items and inserted items) from clean ones, P(K_planted > K_clean), for both kinds
