@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
 from bftrec.data.datasets import data_identity, identity_of_stats, other_data
-from bftrec.evaluation import check_candidates
+from bftrec.evaluation import check_candidates, check_n_bins
 from bftrec.train import (
     build,
     default_threads,
@@ -128,7 +128,8 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None, al
     with quiet_init():
         data, counts, model = build(g, device)
     load_weights(model, ck, run_dir / "checkpoint.pt", RECOVER.format(run_dir=run_dir))
-    check_candidates(data.items, data.offsets, "test", data.n_items, g["model"].max_len, ev, counts)
+    check_n_bins(ev, counts)
+    check_candidates(data.items, data.offsets, "test", data.n_items, g["model"].max_len, ev)
     differs = other_data(recorded_data(run_dir, ck), data_identity(data))
     if differs and not allow_other_data:  # issue 50: a re-score on other data is another experiment
         raise ConfigError(f"{run_dir}: the {differs} ({ds.name}); point BFTREC_DATA_ROOT (or data_root=) at the "

@@ -61,24 +61,26 @@ def check_eval_config(cfg: EvalConfig, n_items: int) -> None:
     check_k(list(cfg.ks), n_cand)
 
 
-def check_candidates(items: np.ndarray, offsets: np.ndarray, which: str, n_items: int, max_len: int,
-                     cfg: EvalConfig, train_counts: np.ndarray) -> None:
-    """Refuse an evaluation whose cut-offs or strata cannot be what they claim (issue 50), in one line:
-
-    - ``max(eval.ks)`` larger than the candidates some user has left once its history is excluded (full
-      ranking): the target would be a hit whatever the scores; the line names how many users and the largest
-      K that every user can take;
-    - ``eval.n_bins`` larger than the number of distinct training counts of the catalogue: some strata would
-      be empty; the line names the largest value that works.
-
-    Args: items, offsets: the sequences (``SeqData``); which: ``valid`` or ``test``; n_items: N; max_len: the
-    scored window (``eval.exclude_scope=window``); train_counts: (N + 1,) int64.
-    Raises: ConfigError.
-    """
+def check_n_bins(cfg: EvalConfig, train_counts: np.ndarray) -> None:
+    """Refuse ``eval.n_bins`` above the number of distinct training counts of the catalogue (issue 50): some
+    strata would be empty; the one line names the largest value that works. train_counts: (N + 1,) int64.
+    Raises: ConfigError."""
     distinct = len(np.unique(train_counts[1:]))
     if cfg.n_bins > distinct:
         raise ConfigError(f"eval.n_bins={cfg.n_bins} exceeds the {distinct} distinct training counts of the "
-                          f"{n_items} items, so some strata would be empty; use eval.n_bins<={distinct}")
+                          f"{len(train_counts) - 1} items, so some strata would be empty; use eval.n_bins<={distinct}")
+
+
+def check_candidates(items: np.ndarray, offsets: np.ndarray, which: str, n_items: int, max_len: int,
+                     cfg: EvalConfig) -> None:
+    """Refuse ``max(eval.ks)`` larger than the candidates some user of split ``which`` has left once its
+    history is excluded (full ranking; issue 50): the target would be a hit whatever the scores. The one line
+    names how many users and the largest K that every user can take.
+
+    Args: items, offsets: the sequences (``SeqData``); which: ``valid`` or ``test``; n_items: N; max_len: the
+    scored window (``eval.exclude_scope=window``).
+    Raises: ConfigError.
+    """
     if cfg.protocol != "full" or not cfg.exclude_history:
         return
     split = loo_split(items, offsets, which)

@@ -73,7 +73,7 @@ def _token_values(sink: list, tau_start=None) -> tuple[np.ndarray, np.ndarray, d
     return items, np.concatenate(users), cat, params
 
 
-def _target_sums(sink: list, train_counts: np.ndarray, bins: list[dict], history_len: np.ndarray,
+def _target_sums(sink: list, bins: list[dict], history_len: np.ndarray,
                  cold_max_history: int, target_count: np.ndarray) -> dict:
     """Per-user sums at the scoring position (``at_score``), grouped by the test target's bin:
     ``tgt_<g>/n`` users, ``tgt_<g>/K`` (n_layers,) and ``tgt_<g>/lam0`` float64 sums. {} when a chunk
@@ -115,7 +115,7 @@ def mechanism_sums(sink: list, train_counts: np.ndarray, bins: list[dict], histo
         for name, v in tok.items():
             out[f"{g}/{name}"] = v[..., sel].sum(-1)
     if target_count is not None:
-        out.update(_target_sums(sink, train_counts, bins, history_len, cold_max_history, target_count))
+        out.update(_target_sums(sink, bins, history_len, cold_max_history, target_count))
     return out
 
 

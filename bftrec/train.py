@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from bftrec.config import (
 )
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import identity_of_stats, load_dataset, other_data, raw_sha256
-from bftrec.evaluation import check_candidates, check_eval_config, gather_topk, rank_users
+from bftrec.evaluation import check_candidates, check_eval_config, check_n_bins, gather_topk, rank_users
 from bftrec.grid import append_ledger, atomic, cell_lock, check_tuned, prepare_cell
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.mechanism import aggregate_mechanism
@@ -325,8 +326,6 @@ def fault_line(e: BaseException) -> Optional[str]:
     - out of memory (torch's allocator, ``MemoryError``): the size asked for where torch says it, and what to
       lower.
     """
-    import errno
-
     seen, cur = set(), e
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
@@ -535,8 +534,9 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
 
     data, counts, model = build(g, device)
     check_eval_config(ev, data.n_items)
-    for which in ("valid", "test"):  # before any epoch: a K or a stratum that cannot mean what it says
-        check_candidates(data.items, data.offsets, which, data.n_items, mc.max_len, ev, counts)
+    check_n_bins(ev, counts)  # before any epoch: a stratum or a K that cannot mean what it says
+    for which in ("valid", "test"):
+        check_candidates(data.items, data.offsets, which, data.n_items, mc.max_len, ev)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("%s/%s on %s: %d parameters, %d users, %d items, device %s", mc.name, lc.name, ds.name,
              n_params, data.n_users, data.n_items, device)
