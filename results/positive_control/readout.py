@@ -109,18 +109,26 @@ def compare(arm: dict, base: dict, users: pd.DataFrame) -> dict:
     return out
 
 
-@torch.no_grad()
-def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | None:
-    """Spearman(item mean λ⁰, reliability) and AUROCs of K and λ⁰ for planted tokens, on the test histories."""
+def trained_model(run_dir: Path) -> tuple | None:
+    """(typed config groups, data, model at its best checkpoint in eval mode) of a run; None without its
+    checkpoint.pt (not committed: rerun the cell)."""
     ck_path = run_dir / "checkpoint.pt"
     if not ck_path.exists():
         return None
     g = typed_groups(load_run_config(run_dir))
     device = torch.device("cpu")
     data, _, model = build(g, device)
-    ck = load_checkpoint(ck_path, device, fix="rerun the cell")
-    load_weights(model, ck, ck_path, "rerun the cell")
-    model.eval()
+    load_weights(model, load_checkpoint(ck_path, device, fix="rerun the cell"), ck_path, "rerun the cell")
+    return g, data, model.eval()
+
+
+@torch.no_grad()
+def mechanism_readout(run_dir: Path, ctx: dict, planted: np.ndarray) -> dict | None:
+    """Spearman(item mean λ⁰, reliability) and AUROCs of K and λ⁰ for planted tokens, on the test histories."""
+    loaded = trained_model(run_dir)
+    if loaded is None:
+        return None
+    g, data, model = loaded
     split = loo_split(data.items, data.offsets, "test")
     L = g["model"].max_len
     inserted = ctx["inserted"].astype(np.int64)
@@ -190,13 +198,10 @@ def attention_readout(run_dir: Path, planted: np.ndarray) -> dict | None:
     last query; mean over heads and blocks), and the AUROC with which a low mass separates planted tokens
     from clean ones, P(mass_planted < mass_clean), overall and among the tokens at each distance from the
     end (attention favours recent tokens; the mean of the per-distance AUROCs, weighted by tokens)."""
-    ck_path = run_dir / "checkpoint.pt"
-    if not ck_path.exists():
+    loaded = trained_model(run_dir)
+    if loaded is None:
         return None
-    g = typed_groups(load_run_config(run_dir))
-    data, _, model = build(g, torch.device("cpu"))
-    load_weights(model, load_checkpoint(ck_path, torch.device("cpu"), fix="rerun the cell"), ck_path, "rerun")
-    model.eval()
+    g, data, model = loaded
     seen: list = []
 
     def hook(mod, args, _out):  # args = (x (B, T, D), masks, ...): the block's attention input
