@@ -1,5 +1,5 @@
-"""scripts/make_ablation_table.py: the τ ablation table under bft.units=count (one row per tau=<variant>)
-and the v1 table, plus the starting λ⁰ the mechanism block records (``lam0_start``)."""
+"""bftrec-report ablation (bftrec.report.ablation): the τ ablation table under bft.units=count (one row per
+tau=<variant>) and the v1 table, plus the starting λ⁰ the mechanism block records (``lam0_start``)."""
 import json
 import shutil
 from pathlib import Path
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bftrec.mechanism import aggregate_mechanism
+from bftrec.report import ablation
 from bftrec.train import run
-from tests.scripts import load_script
 from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def _metrics(sweep, name, seed):
 
 
 def test_variant_table_rows_best_and_partial(sweep, capsys):
-    load_script("make_ablation_table").main(["--runs", str(sweep / "runs"), "--out", str(sweep / "tables")])
+    ablation.main(["--runs", str(sweep / "runs"), "--out", str(sweep / "tables")])
     printed = json.loads(capsys.readouterr().out)
     num = pd.read_csv(sweep / "tables" / "synthetic.csv")
     md = (sweep / "tables" / "synthetic.md").read_text()
@@ -67,7 +67,7 @@ def test_start_lambda0_is_recorded_and_moves(sweep):
 
 
 def test_old_runs_without_lam0_start_get_the_start_only_where_the_config_fixes_it(sweep):
-    mt = load_script("make_ablation_table")
+    mt = ablation
     for name, lo, ratio in (("default", 1.0, 1.0), ("mean_count", None, 1.0), ("slope_p1", None, None)):
         m = _metrics(sweep, name, 0)
         for b in m["mechanism"]["by_item_freq"]:
@@ -89,21 +89,21 @@ def test_compare_with_v1_says_plainly_when_h_wins(sweep, tmp_path, layer):
     else:
         m["layer_config"]["bft"]["units"] = "h"  # layer=bft_h
     (dst / "metrics.json").write_text(json.dumps(m))
-    load_script("make_ablation_table").main(["--runs", str(sweep / "runs"), "--out", str(tmp_path / "t"),
+    ablation.main(["--runs", str(sweep / "runs"), "--out", str(tmp_path / "t"),
                                              "--compare", str(tmp_path / "v1")])
     md = (tmp_path / "t" / "synthetic.md").read_text()
     assert "v1 (bft.units=h) SASRec bft" in md and "h BEATS count on validation" in md
 
 
 def test_grid_names_every_expected_variant():
-    datasets, tags, seeds = load_script("make_ablation_table").grid_expected(
+    datasets, tags, seeds = ablation.grid_expected(
         REPO / "configs" / "experiment" / "tau_ablation_count.yaml")
     assert datasets == ["office", "instruments-2014"] and seeds == [0, 1, 2]
     assert tags[0] == "tau=default" and len(tags) == 7 and "tau=lr100" in tags
 
 
 def test_v1_table_still_regenerates_the_committed_csv(tmp_path):
-    load_script("make_ablation_table").main(["--runs", str(REPO / "results" / "office_sasrec" / "ablation"),
+    ablation.main(["--runs", str(REPO / "results" / "office_sasrec" / "ablation"),
                                              "--out", str(tmp_path / "tau_ablation")])
     got = pd.read_csv(tmp_path / "tau_ablation.csv")
     pd.testing.assert_frame_equal(got, pd.read_csv(REPO / "results" / "office_sasrec" / "tau_ablation.csv"))
@@ -128,7 +128,7 @@ def test_grid_lists_variants_and_datasets_without_any_run(sweep, tmp_path, capsy
     grid = tmp_path / "grid.yaml"
     grid.write_text("hydra:\n  sweeper:\n    params:\n      dataset: synthetic,office\n"
                     "      +tau_variant: default,mean_count,slope_p1,lr10\n      seed: 0,1\n")
-    load_script("make_ablation_table").main(["--runs", str(sweep / "runs"), "--out", str(tmp_path / "t"),
+    ablation.main(["--runs", str(sweep / "runs"), "--out", str(tmp_path / "t"),
                                              "--grid", str(grid)])
     assert json.loads(capsys.readouterr().out)["partial"]
     md = (tmp_path / "t" / "synthetic.md").read_text()

@@ -9,8 +9,8 @@ from bftrec.config import ConfigError
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import data_identity, load_dataset, other_data
 from bftrec.evaluate import rescore
+from bftrec.report import tables
 from bftrec.train import run
-from tests.scripts import load_script
 from tests.test_train_e2e import smoke_cfg
 
 
@@ -57,9 +57,9 @@ def test_tables_never_pool_seeds_trained_on_different_data(tmp_path):
     d["data"]["fingerprint"] = "f" * 64
     m.write_text(json.dumps(d))
     with pytest.raises(SystemExit, match="trained on different data"):
-        load_script("make_tables").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+        tables.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
     shutil.rmtree(tmp_path / "runs" / "seed1")
-    load_script("make_tables").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+    tables.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
 
 
 def test_a_finished_grid_cell_on_other_data_is_not_skipped_silently(tmp_path):

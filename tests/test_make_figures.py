@@ -1,18 +1,19 @@
-"""scripts/make_figures.py draws from metrics.json and history.csv only, deterministically, and skips
-figures it has nothing for. Fake run directories, no training."""
+"""bftrec-report figures (bftrec.report.figures) draws from metrics.json and history.csv only, deterministically,
+and skips figures it has nothing for. Fake run directories, no training."""
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.scripts import load_script
+from bftrec.report import figures, tables
+from bftrec.report import runs as rr
 
 FIGS = ("gain_by_bin.png", "gain_by_bin_ndcg.png", "k_by_bin.png", "training_curves.png")
 
 
 def _make_figures():
-    return load_script("make_figures")
+    return figures
 
 
 def _fake_run(d: Path, layer: str, seed: int, epochs: int = 4, q0_hit: bool = True) -> None:
@@ -73,8 +74,8 @@ def test_no_runs_exits_naming_the_folder(tmp_path):
 
 
 def _groups(runs):
-    mt = load_script("make_tables")
-    return mt, mt.cells(mt.load_runs(runs))
+    mt = tables
+    return mt, rr.cells(rr.load_runs(runs))
 
 
 def test_undefined_gain_is_marked_not_drawn_as_zero(tmp_path):
@@ -113,12 +114,11 @@ def test_amp_override_is_no_trial_in_the_title(runs, tmp_path):
     hydra = runs / "standard" / "seed0" / ".hydra"
     hydra.mkdir()
     (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.amp=false\n")
-    mt = load_script("make_tables")
-    loaded = mt.load_runs(runs)
-    assert mt.extra_overrides(loaded) == ["trainer.amp=false (1 runs)"]  # the header still lists it
-    assert mt.run_note(loaded, []) == ""  # float32 as every CPU cell: not a trial
+    loaded = rr.load_runs(runs)
+    assert rr.extra_overrides(loaded) == ["trainer.amp=false (1 runs)"]  # the header still lists it
+    assert rr.run_note(loaded, []) == ""  # float32 as every CPU cell: not a trial
     (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.amp=false\n- trainer.epochs=2\n")
-    assert mt.run_note(mt.load_runs(runs), []) == "TRIAL: trainer.epochs=2 (1 runs)"
+    assert rr.run_note(rr.load_runs(runs), []) == "TRIAL: trainer.epochs=2 (1 runs)"
 
 
 def test_partial_and_trial_runs_say_so_in_the_title(runs, tmp_path):
@@ -127,8 +127,8 @@ def test_partial_and_trial_runs_say_so_in_the_title(runs, tmp_path):
     hydra.mkdir()
     (hydra / "overrides.yaml").write_text("- layer=standard\n- trainer.epochs=2\n")
     mt, groups = _groups(runs)
-    loaded = mt.load_runs(runs)
-    note = mt.run_note(loaded, mt.missing_cells(loaded))
+    loaded = rr.load_runs(runs)
+    note = rr.run_note(loaded, rr.missing_cells(loaded))
     assert note == "PARTIAL: 1 of 4 cells missing; TRIAL: trainer.epochs=2 (1 runs)"
     mf = _make_figures()
     for fig in (mf.gain_figure(groups, "HR@10", tmp_path / "g.png", note),

@@ -5,7 +5,7 @@ import pytest
 from scipy.stats import nct, t, ttest_1samp
 
 from bftrec.report import stats as st
-from tests.scripts import load_script
+from bftrec.report import tables
 
 
 def test_seed_t_p_is_scipys_one_sample_t_test_and_needs_two_seeds():
@@ -51,7 +51,7 @@ def test_interval_sees_retraining_variance_that_users_alone_miss():
     lo, hi = st.seed_user_ci(pairs)
     per_seed = [a.sum() / b.sum() - 1 for a, b in pairs]
     assert (lo + hi) / 2 == pytest.approx(np.mean(per_seed))
-    mt = load_script("make_tables")
+    mt = tables
     u_lo, u_hi = mt.bootstrap_gain_ci(np.mean([p[0] for p in pairs], axis=0), np.mean([p[1] for p in pairs], axis=0))
     assert (hi - lo) > 2 * (u_hi - u_lo)
     assert st.seed_user_ci(pairs) == (lo, hi)  # a fixed generator: repeatable
@@ -130,7 +130,7 @@ def test_random_effects_matches_a_hand_computed_paule_mandel_case():
 
 
 def test_holm_over_three_endpoints_counts_an_untestable_one_as_p_1():
-    mt = load_script("make_tables")
+    mt = tables
     df = pd.DataFrame({"dataset": "d", "model": "m", "tag": "", "layer": "bft",
                        "stratum": ["overall", "Q0", "cold", "warm"],
                        "endpoint": ["pre-registered"] * 3 + ["exploratory"],
@@ -142,7 +142,7 @@ def test_holm_over_three_endpoints_counts_an_untestable_one_as_p_1():
 
 
 def test_gain_cell_reads_too_few_instead_of_a_p_value():
-    mt = load_script("make_tables")
+    mt = tables
     row = {"gain": 1.0, "gain_seeds": 1.0, "test_note": mt.TOO_FEW_SEEDS, "p_seeds": None, "p_holm_seeds": None,
            "ci_lo_seeds": None, "ci_hi_seeds": None}
     assert mt.gain_cell(row) == "+100.0% (n/a (too few seeds))"

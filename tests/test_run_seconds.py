@@ -1,10 +1,11 @@
-"""scripts/run_seconds.py: training and validation seconds per run, from history.csv, whole or from an epoch on."""
+"""bftrec-report seconds (bftrec.report.seconds): training and validation seconds per run, from history.csv,
+whole or from an epoch on."""
 import json
 
 import pandas as pd
 import pytest
 
-from tests.scripts import load_script
+from bftrec.report import seconds
 
 
 def _run(root, seed, train_s, eval_s, best_epoch=1, layer="bft", name=None):
@@ -20,7 +21,7 @@ def _run(root, seed, train_s, eval_s, best_epoch=1, layer="bft", name=None):
 
 
 def test_sums_medians_and_from_epoch(tmp_path):
-    rs = load_script("run_seconds")
+    rs = seconds
     _run(tmp_path, 1, [10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0], best_epoch=3)
     _run(tmp_path, 0, [5.0, 5.0], [float("nan"), 1.0], layer="standard")  # epoch 1 not validated
     df = rs.table([tmp_path])
@@ -41,11 +42,11 @@ def test_sums_medians_and_from_epoch(tmp_path):
     out = tmp_path / "s.md"
     assert rs.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
-    assert "Made by `python scripts/run_seconds.py" in text and "| 110 " in text and "27.5" in text
+    assert "Made by `bftrec-report seconds" in text and "| 110 " in text and "27.5" in text
 
 
 def test_bad_input_fails_in_one_line(tmp_path):
-    rs = load_script("run_seconds")
+    rs = seconds
     with pytest.raises(SystemExit, match="no run folder"):
         rs.table([tmp_path])
     d = _run(tmp_path, 0, [1.0, 2.0], [1.0, 1.0])

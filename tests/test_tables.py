@@ -1,4 +1,4 @@
-"""scripts/make_tables.py reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
+"""bftrec-report tables (bftrec.report.tables) reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
 import json
 import re
 from pathlib import Path
@@ -7,15 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bftrec.report import runs as rr
+from bftrec.report import same, tables
 from bftrec.train import run
-from tests.scripts import load_script
 from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _make_tables():
-    return load_script("make_tables")
+    return tables
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +55,12 @@ def _as_layer(src: Path, dst: Path, layer: str) -> None:
     _edit_config(dst, lambda c: c["layer"].update(name=layer))
 
 
-def test_tables_written_with_header_gain_and_p(runs, capsys):
+def test_tables_written_with_header_gain_and_p(runs, caplog):
     mt = _make_tables()
-    mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
-    out = capsys.readouterr().out
-    assert "make_tables: wrote 14 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
+    with caplog.at_level("INFO", logger="bftrec.report.tables"):
+        mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
+    out = caplog.text
+    assert "wrote 14 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
     beyond = pd.read_csv(runs / "tables" / "beyond.csv")
     assert list(beyond["layer"]) == ["bft", "standard"] and "coverage@10" in beyond and "gini@10" in beyond
     overall = (runs / "tables" / "overall.md").read_text()
@@ -95,19 +97,19 @@ def test_tables_written_with_header_gain_and_p(runs, capsys):
 
 def test_budget_line_states_min_epochs(runs, tmp_path):
     """A run with trainer.min_epochs > 0 says so in the budget line; the others' line is unchanged."""
-    mt = _make_tables()
+    _make_tables()
     src = _copy(runs, tmp_path)
     for d in src.glob("*/seed*"):
         _edit_config(d, lambda c: c["trainer"].update(min_epochs=1))
-    line = mt.budgets(mt.load_runs(src))[0]
+    line = rr.budgets(rr.load_runs(src))[0]
     assert "≤ 1 epochs, ≥ 1 before stopping, patience" in line, line
-    plain = mt.budgets(mt.load_runs(runs / "runs"))[0]
+    plain = rr.budgets(rr.load_runs(runs / "runs"))[0]
     assert "before stopping" not in plain and "≤ 1 epochs, patience" in plain, plain
 
 
 def test_seed_mean_matches_metrics_json(runs):
     mt = _make_tables()
-    groups = mt.cells(mt.load_runs(runs / "runs"))
+    groups = rr.cells(rr.load_runs(runs / "runs"))
     std = groups[("synthetic", "sasrec", "", "standard")]
     paths = [runs / "runs" / "standard" / f"seed{s}" / "metrics.json" for s in (0, 1)]
     vals = [json.loads(p.read_text())["test"]["overall"]["HR@10"] for p in paths]
@@ -141,7 +143,7 @@ def test_bootstrap_interval_is_fixed_and_covers_the_gain():
 
 def test_paired_test_averages_users_over_seeds(runs):
     mt = _make_tables()
-    groups = mt.cells(mt.load_runs(runs / "runs"))
+    groups = rr.cells(rr.load_runs(runs / "runs"))
     std = groups[("synthetic", "sasrec", "", "standard")]
     assert mt.paired_p(std, std, "HR@10") is None  # identical runs: no difference to test
     p = mt.paired_p(groups[("synthetic", "sasrec", "", "bft")], std, "NDCG@10")
@@ -155,7 +157,7 @@ def test_a_layer_with_fewer_seeds_is_compared_on_the_seeds_both_have(runs, tmp_p
     mt = _make_tables()
     root = _copy(runs, tmp_path)
     shutil.rmtree(root / "bft" / "seed1")
-    comp = mt.comparisons(mt.cells(mt.load_runs(root)))
+    comp = mt.comparisons(rr.cells(rr.load_runs(root)))
     row = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")].iloc[0]
     ndcg = {(layer, s): json.loads((runs / "runs" / layer / f"seed{s}" / "metrics.json").read_text())
            ["test"]["overall"]["NDCG@10"] for layer in ("standard", "bft") for s in (0, 1)}
@@ -163,15 +165,15 @@ def test_a_layer_with_fewer_seeds_is_compared_on_the_seeds_both_have(runs, tmp_p
     seed0 = (ndcg[("bft", 0)] - ndcg[("standard", 0)]) / ndcg[("standard", 0)]
     assert row["gain"] == pytest.approx(seed0, rel=1e-9, abs=1e-12)
     assert (row["seeds"], row["baseline_seeds"]) == (1, 1)
-    std = mt.cells(mt.load_runs(root))[("synthetic", "sasrec", "", "standard")]
-    a, b = mt.paired_users(mt.cells(mt.load_runs(root))[("synthetic", "sasrec", "", "bft")], std, "NDCG@10")
+    std = rr.cells(rr.load_runs(root))[("synthetic", "sasrec", "", "standard")]
+    a, b = mt.paired_users(rr.cells(rr.load_runs(root))[("synthetic", "sasrec", "", "bft")], std, "NDCG@10")
     only0, _ = mt.paired_users(std[:1] if std[0]["seed"] == 0 else std[1:], std, "NDCG@10")
     assert np.allclose(b, only0)  # the baseline side is seed 0's per-user metric, not the mean of two
 
 
 def test_seed_gains_are_each_seed_alone(runs):
     mt = _make_tables()
-    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    comp = mt.comparisons(rr.cells(rr.load_runs(runs / "runs")))
     row = comp[(comp["stratum"] == "overall") & (comp["metric"] == "NDCG@10")].iloc[0]
     ndcg = {(layer, s): json.loads((runs / "runs" / layer / f"seed{s}" / "metrics.json").read_text())
             ["test"]["overall"]["NDCG@10"] for layer in ("standard", "bft") for s in (0, 1)}
@@ -198,7 +200,7 @@ def test_same_sign_is_every_seed_agreeing_with_the_pooled_gain(gain, gains, want
 
 def test_comparisons_mark_seed_agreement(runs):
     mt = _make_tables()
-    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    comp = mt.comparisons(rr.cells(rr.load_runs(runs / "runs")))
     for _, row in comp.iterrows():
         vals = [float(t.split(":")[1]) for t in row["seed_gains"].split()]
         if row["gain"] is None or pd.isna(row["gain"]):
@@ -226,7 +228,7 @@ def test_seed_t_p_is_a_one_sample_t_test_over_seeds(gains, want):
 
 def test_comparisons_give_p_over_seeds(runs):
     mt = _make_tables()
-    comp = mt.comparisons(mt.cells(mt.load_runs(runs / "runs")))
+    comp = mt.comparisons(rr.cells(rr.load_runs(runs / "runs")))
     assert "p_seeds" in comp.columns and len(comp)
     checked = 0
     for _, row in comp.iterrows():
@@ -251,7 +253,7 @@ def test_no_shared_seed_warns(runs, tmp_path, caplog):
     root = _copy(runs, tmp_path)
     shutil.rmtree(root / "bft" / "seed1")
     shutil.rmtree(root / "standard" / "seed0")
-    groups = mt.cells(mt.load_runs(root))
+    groups = rr.cells(rr.load_runs(root))
     with caplog.at_level("WARNING"):
         a, b = mt.matched_seeds(groups[("synthetic", "sasrec", "", "bft")],
                                 groups[("synthetic", "sasrec", "", "standard")])
@@ -260,7 +262,7 @@ def test_no_shared_seed_warns(runs, tmp_path, caplog):
 
 def test_empty_folder_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no metrics.json"):
-        _make_tables().load_runs(tmp_path)
+        rr.load_runs(tmp_path)
 
 
 def test_several_run_folders_table_their_union_only(runs, tmp_path):
@@ -268,7 +270,7 @@ def test_several_run_folders_table_their_union_only(runs, tmp_path):
     them) gives complete tables; a run reached through two of the folders counts once."""
     mt = _make_tables()
     both0 = [runs / "runs" / layer / "seed0" for layer in ("standard", "bft")]
-    loaded = mt.load_runs(both0 + [runs / "runs" / "bft" / "seed0"])
+    loaded = rr.load_runs(both0 + [runs / "runs" / "bft" / "seed0"])
     assert sorted((r["layer"], r["seed"]) for r in loaded) == [("bft", 0), ("standard", 0)]
     mt.main(["--runs", *map(str, both0), "--out", str(tmp_path / "t")])
     head = (tmp_path / "t" / "protocol.md").read_text()
@@ -276,15 +278,15 @@ def test_several_run_folders_table_their_union_only(runs, tmp_path):
     with pytest.raises(SystemExit, match="cells missing"):  # the whole folder with seed 1 of bft taken out
         mt.main(["--runs", str(runs / "runs" / "standard"), str(both0[1]), "--out", str(tmp_path / "u")])
     with pytest.raises(SystemExit, match=r"no such folder: .*nowhere; check the run folder paths"):
-        mt.load_runs([both0[0], tmp_path / "nowhere"])
+        rr.load_runs([both0[0], tmp_path / "nowhere"])
 
 
 def test_grid_cells_are_the_sweep_product():
-    mt = _make_tables()
-    cells = mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
+    _make_tables()
+    cells = rr.grid_cells(REPO / "configs" / "experiment" / "paper" / "cpu.yaml")
     assert len(cells) == 108 and ("office", "hstu", "", "bft_h", 2) in cells
-    assert len(mt.grid_cells(REPO / "configs" / "experiment" / "paper" / "main.yaml")) == 108
-    both = mt.grid_cells([REPO / "configs" / "experiment" / "paper" / f"{g}.yaml" for g in ("main", "main_units")])
+    assert len(rr.grid_cells(REPO / "configs" / "experiment" / "paper" / "main.yaml")) == 108
+    both = rr.grid_cells([REPO / "configs" / "experiment" / "paper" / f"{g}.yaml" for g in ("main", "main_units")])
     assert len(both) == 117 and ("sports", "hstu", "", "bft_h", 2) in both
     assert ("toys", "hstu", "", "bft_h", 0) not in both
 
@@ -305,7 +307,7 @@ def test_partial_folder_names_missing_cells(runs, tmp_path):
 
 
 def test_missing_cells_are_listed_compactly_per_dataset():
-    describe = _make_tables().describe_missing
+    describe = rr.describe_missing
     missing = [("lastfm", m, "", layer, s) for m in ("hstu", "sasrec") for layer in ("bft", "bft_h") for s in (1, 2)]
     missing += [("office", "sasrec", "", "standard", 0)]
     assert describe(missing) == ["lastfm: hstu, sasrec bft, bft_h seeds 1, 2", "office: sasrec standard seed 0"]
@@ -316,16 +318,16 @@ def test_missing_cells_are_listed_compactly_per_dataset():
 
 
 def test_missing_seed_and_duplicate_run_are_found_without_grid(runs):
-    mt = _make_tables()
-    loaded = mt.load_runs(runs / "runs")
-    assert mt.missing_cells(loaded) == []
+    _make_tables()
+    loaded = rr.load_runs(runs / "runs")
+    assert rr.missing_cells(loaded) == []
     drop = [r for r in loaded if not (r["layer"] == "bft" and r["seed"] == 1)]
-    assert mt.missing_cells(drop) == [("synthetic", "sasrec", "", "bft", 1)]
+    assert rr.missing_cells(drop) == [("synthetic", "sasrec", "", "bft", 1)]
     no_std = [r for r in loaded if not (r["layer"] == "standard" and r["seed"] == 1)]
-    assert mt.missing_cells(no_std) == [("synthetic", "sasrec", "", "standard", 1)]
-    assert mt.missing_cells([r for r in loaded if r["layer"] == "bft"]) == []  # no standard run: nothing to pair
+    assert rr.missing_cells(no_std) == [("synthetic", "sasrec", "", "standard", 1)]
+    assert rr.missing_cells([r for r in loaded if r["layer"] == "bft"]) == []  # no standard run: nothing to pair
     with pytest.raises(SystemExit, match="more than one run"):
-        mt.missing_cells(loaded + loaded[:1])
+        rr.missing_cells(loaded + loaded[:1])
 
 
 def test_runs_of_another_protocol_are_not_compared(runs, tmp_path):
@@ -368,7 +370,6 @@ def test_header_names_overrides_beyond_the_grid_axes(runs, tmp_path):
 def test_same_results_finds_identical_and_changed_cells(runs, tmp_path, capsys):
     import shutil
 
-    same = load_script("same_results")
     shutil.copytree(runs / "runs", tmp_path / "runs")
     assert same.main([str(runs / "runs"), str(tmp_path / "runs")]) == 0
     m = tmp_path / "runs" / "bft" / "seed1" / "metrics.json"
@@ -384,7 +385,6 @@ def test_same_results_calls_a_last_bit_difference_the_same(runs, tmp_path, capsy
     """issue 47: an exact rerun whose MRR differs by 3.7e-8 relative is the same result, not 'differ'."""
     import shutil
 
-    same = load_script("same_results")
     shutil.copytree(runs / "runs", tmp_path / "runs")
     m = tmp_path / "runs" / "bft" / "seed1" / "metrics.json"
     d = json.loads(m.read_text())
@@ -447,9 +447,9 @@ def test_a_protocol_key_absent_from_an_older_run_counts_as_its_default(runs, tmp
 def test_a_key_absent_from_an_older_run_is_its_schema_default_not_the_tuned_value(dataset, model, key, old, tuned):
     """A run written before ``key`` existed ran with its schema default, though a tuned config sets
     another value today: it must not compare equal to a run with the tuned value."""
-    mt = _make_tables()
-    assert mt.default_config(dataset, model, "standard")[key] == tuned  # the premise: tuned differs
-    assert mt.absent_value({"dataset": dataset, "model": model, "layer": "standard"}, key) == old
+    _make_tables()
+    assert rr.default_config(dataset, model, "standard")[key] == tuned  # the premise: tuned differs
+    assert rr.absent_value({"dataset": dataset, "model": model, "layer": "standard"}, key) == old
 
 
 def test_normalise_config_is_applied_before_comparing(runs, tmp_path):
@@ -493,7 +493,7 @@ def test_a_multirun_sweep_gives_one_row_per_swept_value(runs, tmp_path):
     overall = pd.read_csv(tmp_path / "t" / "overall.csv", keep_default_na=False)
     assert list(overall["tag"]) == ["trainer.lr=0.001", "trainer.lr=0.002"]
     assert overall["HR@10 gain bft (p_seeds, p_Holm, 95% CI)"].str.match(r"[+-]\d").all()
-    assert "TRIAL" not in mt.run_note(mt.load_runs(tmp_path / "multirun"), [])  # a sweep key is no trial override
+    assert "TRIAL" not in rr.run_note(rr.load_runs(tmp_path / "multirun"), [])  # a sweep key is no trial override
 
 
 def test_header_says_which_runs_ran_at_which_commit_when_they_differ(runs, tmp_path):
@@ -590,15 +590,15 @@ def test_a_truncated_metrics_json_is_named_in_one_line(runs, tmp_path):
     root = _copy(runs, tmp_path)
     bad = root / "bft" / "seed1" / "metrics.json"
     bad.write_text(bad.read_text()[:100])
-    with pytest.raises(SystemExit, match=f"make_tables: {re.escape(str(bad))} is not valid JSON") as e:
+    with pytest.raises(SystemExit, match=f"bftrec-report: {re.escape(str(bad))} is not valid JSON") as e:
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
     assert "\n" not in str(e.value)
 
 
 def test_a_tagged_group_variant_is_no_trial_but_debug_and_key_overrides_are():
-    mt = _make_tables()
-    assert not mt.is_trial_override("+tau_variant=mlp (5 runs)") and not mt.is_trial_override("trainer.amp=false")
-    assert mt.is_trial_override("trainer.epochs=2 (1 runs)") and mt.is_trial_override("debug=smoke")
+    _make_tables()
+    assert not rr.is_trial_override("+tau_variant=mlp (5 runs)") and not rr.is_trial_override("trainer.amp=false")
+    assert rr.is_trial_override("trainer.epochs=2 (1 runs)") and rr.is_trial_override("debug=smoke")
 
 
 def test_tables_take_rescored_runs_with_their_beyond_accuracy(runs, tmp_path):

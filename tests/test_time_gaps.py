@@ -6,7 +6,7 @@ from tests.scripts import load_script
 
 
 def test_pairs_and_consecutive_gaps_stay_within_users():
-    tg = load_script("time_gaps")
+    tg = load_script("time_gaps", "results/hstu_time_bias")
     # user 0: 0, 0, 100; user 1: 5, 10, 4000. With max_len 2 the windows are (0, 100) and (10, 4000).
     ts, offsets = np.array([0, 0, 100, 5, 10, 4000]), np.array([0, 3, 6])
     assert sorted(tg.window_pairs(ts, offsets, 2).tolist()) == [100, 3990]
@@ -20,5 +20,6 @@ def test_pairs_and_consecutive_gaps_stay_within_users():
 
 def test_unknown_dataset_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        load_script("time_gaps").main(["--datasets", "sportz", "--out", str(tmp_path / "x.json")])
+        load_script("time_gaps", "results/hstu_time_bias").main(["--datasets", "sportz",
+                                                                  "--out", str(tmp_path / "x.json")])
     assert "time_gaps: error: unknown dataset 'sportz'" in str(e.value) and not (tmp_path / "x.json").exists()

@@ -1,10 +1,11 @@
-"""scripts/valid_vs_test.py: the selected epoch's validation value, the best per-epoch one, and test, per run."""
+"""bftrec-report valid-test (bftrec.report.valid_test): the selected epoch's validation value, the best
+per-epoch one, and test, per run."""
 import json
 
 import pandas as pd
 import pytest
 
-from tests.scripts import load_script
+from bftrec.report import valid_test
 
 
 def _run(root, seed, valid_hr, best_epoch, test_hr):
@@ -20,7 +21,7 @@ def _run(root, seed, valid_hr, best_epoch, test_hr):
 
 
 def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
-    vt = load_script("valid_vs_test")
+    vt = valid_test
     _run(tmp_path, 0, [0.1, 0.3, 0.2, 0.35], best_epoch=2, test_hr=0.25)  # selected on NDCG: epoch 2
     _run(tmp_path, 1, [0.2, 0.4, 0.1], best_epoch=2, test_hr=0.29)
     df = vt.table([tmp_path], "HR@10")
@@ -36,7 +37,7 @@ def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
     out = tmp_path / "t.md"
     assert vt.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
-    assert "Made by `python scripts/valid_vs_test.py" in text and "| mean " in text and "0.3750" in text
+    assert "Made by `bftrec-report valid-test" in text and "| mean " in text and "0.3750" in text
     assert "valid HR@10 at last validated epoch" in text and "0.2250" in text
     # eval_every 2: epoch 5 trained, not validated; epochs run counts it, the last validated value is epoch 4's
     _run(tmp_path / "e2", 2, [float("nan"), 0.2, float("nan"), 0.3, float("nan")], best_epoch=4, test_hr=0.3)
@@ -45,7 +46,7 @@ def test_rows_give_the_selected_and_the_best_epoch_and_a_mean(tmp_path):
 
 
 def test_bad_metric_and_no_runs_fail_in_one_line(tmp_path):
-    vt = load_script("valid_vs_test")
+    vt = valid_test
     with pytest.raises(SystemExit, match="no run folder"):
         vt.table([tmp_path], "HR@10")
     d = _run(tmp_path, 0, [0.1, 0.2], best_epoch=2, test_hr=0.2)

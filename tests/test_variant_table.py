@@ -1,10 +1,11 @@
-"""scripts/make_variant_table.py: tagged variants against a baseline tag, chosen by validation NDCG@10."""
+"""bftrec-report variants (bftrec.report.variants): tagged variants against a baseline tag, chosen by validation
+NDCG@10."""
 import json
 
 import pytest
 
+from bftrec.report import variants
 from bftrec.train import run
-from tests.scripts import load_script
 from tests.test_train_e2e import smoke_cfg
 
 
@@ -18,7 +19,7 @@ def tagged(tmp_path_factory):
 
 
 def test_rows_baseline_first_best_marked_and_p(tagged):
-    mvt = load_script("make_variant_table")
+    mvt = variants
     mvt.main(["--runs", str(tagged / "runs"), "--baseline", "lossA", "--out", str(tagged / "t")])
     df = __import__("pandas").read_csv(tagged / "t" / "variants.csv", keep_default_na=False)
     assert list(df["tag"]) == ["lossA", "lossB"] and list(df["seeds"]) == ["0,1", "0,1"]
@@ -35,7 +36,7 @@ def test_rows_baseline_first_best_marked_and_p(tagged):
 def test_duplicate_seed_refused_and_group_without_baseline_kept(tagged, tmp_path):
     import shutil
 
-    mvt = load_script("make_variant_table")
+    mvt = variants
     root = tmp_path / "runs"
     shutil.copytree(tagged / "runs", root)
     shutil.copytree(root / "lossB" / "seed0", root / "lossB" / "seed0_again")
@@ -54,6 +55,6 @@ def test_duplicate_seed_refused_and_group_without_baseline_kept(tagged, tmp_path
 
 
 def test_unknown_baseline_is_refused_naming_the_tags(tagged):
-    mvt = load_script("make_variant_table")
+    mvt = variants
     with pytest.raises(SystemExit, match="no runs tagged 'lossC' .*lossA, lossB"):
         mvt.main(["--runs", str(tagged / "runs"), "--baseline", "lossC", "--out", str(tagged / "t2")])

@@ -7,7 +7,7 @@ import pytest
 
 from tests.scripts import load_script
 
-wc = load_script("window_coverage")
+wc = load_script("window_coverage", "results/windows")
 
 
 def test_sliding_predicts_every_target_once_and_last_the_most_recent_max_len():

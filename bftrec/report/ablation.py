@@ -1,6 +1,6 @@
 """The τ ablation table (issue: BFT for SASRec, item 6) from run directories.
 
-    python scripts/make_ablation_table.py --runs results/office_sasrec/ablation --out results/office_sasrec/tau_ablation
+    bftrec-report ablation --runs results/office_sasrec/ablation --out results/office_sasrec/tau_ablation
 
 Reads each run's ``metrics.json``. Runs made before the trainer logged the initial mean Kalman gain
 carry it in ``gain_first_batch.json`` next to ``metrics.json``, written once by
@@ -9,14 +9,14 @@ batch, then loads the run's checkpoint); a run without either file is replayed n
 ``checkpoint.pt`` and the data root. One row per cell (tau.scale x tau.kind x tau.freq_slope); the row with the best
 validation NDCG@10 is marked: that choice sets the defaults of ``configs/layer/bft.yaml``.
 
-    python scripts/make_ablation_table.py --runs results/tau_ablation_count/runs --out results/tau_ablation_count/tables
+    bftrec-report ablation --runs results/tau_ablation_count/runs --out results/tau_ablation_count/tables
 
 A folder of tagged variants (``configs/experiment/tau_ablation_count.yaml``: every run tagged ``tau=<name>``)
 gives instead one table per dataset in ``--out/<dataset>.md|csv``, one row per variant, values mean ± std over
 seeds: validation NDCG@10 (the selection metric; ranks.csv.gz holds only test ranks, so no paired test on
 validation) and its difference to ``tau=default``; test HR@10 and NDCG@10 with a two-sided Wilcoxon
 signed-rank p over users of the seed-averaged per-user metric against ``tau=default``
-(``make_tables.paired_p``); the initial and final mean K per layer (``mechanism.gain_first_batch``); λ⁰ of
+(``paired_p``); the initial and final mean K per layer (``mechanism.gain_first_batch``); λ⁰ of
 the Q0 and Q4 item-frequency bins of the test histories at the best checkpoint
 (``mechanism.by_item_freq[].lam0``), their ratio, and how far each moved from its start: the start is
 ``lam0_start`` where the run recorded it, else exp(τ₀) = 1 where the config fixes it (``tau.scale=count``
@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import check_comparable, describe_missing, fmt, header, load_runs, matched_seeds, paired_p, pval  # noqa: E402
+from bftrec.report.runs import check_comparable, command_line, describe_missing, header, load_runs, missing_cells
+from bftrec.report.tables import fmt, matched_seeds, paired_p, pval
 
 DEFAULT = "tau=default"
 VARIANT_DIR = Path(__file__).resolve().parent.parent / "configs" / "tau_variant"
@@ -86,7 +85,7 @@ def v1_table(runs: list[dict], args) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out.with_suffix(".csv"), index=False)
     cells = ", ".join(f"{k}={df.loc[best, k]}" for k in ("tau.scale", "tau.kind", "tau.freq_slope"))
-    text = (f"# τ ablation (SASRec + BFT, one seed per cell)\n\n{header(runs)}\n"
+    text = (f"# τ ablation (SASRec + BFT, one seed per cell)\n\n{header(runs, command=args.command)}\n"
             f"- K: mean Kalman gain over real tokens; 'initial'/'final' on the first training batch (after "
             f"calibration / at the best checkpoint; from metrics.json or the run's gain_first_batch.json, "
             f"replayed from its checkpoint), 'test histories' on the test inputs\n"
@@ -111,15 +110,13 @@ def grid_expected(path: Path) -> tuple[list[str], list[str], list[int]]:
         return ([d.strip() for d in str(params["dataset"]).split(",")], tags,
                 [int(x) for x in str(params["seed"]).split(",")])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as e:
-        raise SystemExit(f"make_ablation_table: --grid {path} is not a variant sweep with dataset, +tau_variant and "
+        raise SystemExit(f"bftrec-report ablation: --grid {path} is not a variant sweep with dataset, +tau_variant and "
                          f"seed in hydra.sweeper.params ({type(e).__name__}: {e}); pass "
                          "configs/experiment/tau_ablation_count.yaml") from None
 
 
 def variant_missing(runs: list[dict], grid: Path | None) -> list[tuple]:
     """Missing (dataset, model, tag, layer, seed) cells: every dataset x tag x seed found (or ``grid``'s)."""
-    from make_tables import missing_cells
-
     model, layer = runs[0]["model"], runs[0]["layer"]
     if grid is not None:
         datasets, tags, seeds = grid_expected(grid)
@@ -178,7 +175,7 @@ def variant_rows(groups: dict, n_seeds: int) -> tuple[pd.DataFrame, pd.DataFrame
         lam = [lam0_bins(r) for r in rs]
         gains = [first_batch_gain(r) for r in rs]
         delta = rel = None
-        if base:  # the difference on the seeds both have, as its p-value (make_tables.matched_seeds)
+        if base:  # the difference on the seeds both have, as its p-value (matched_seeds)
             mine, theirs = matched_seeds(rs, base)
             ref = float(np.mean([r["valid"]["NDCG@10"] for r in theirs]))
             delta = float(np.mean([r["valid"]["NDCG@10"] for r in mine])) - ref
@@ -307,7 +304,7 @@ def variant_tables(runs: list[dict], args) -> None:
             lines.append(f"- no {DEFAULT} run: no differences or p-values against the default")
         title = (f"# τ ablation under bft.units=count: {ds}, {rs[0]['model']} + {rs[0]['layer']}"
                  + (" (PARTIAL)" if miss else ""))
-        text = (f"{title}\n\n{header(rs, miss)}\n{VARIANT_NOTE}\n" + "\n".join(lines)
+        text = (f"{title}\n\n{header(rs, miss, command=args.command)}\n{VARIANT_NOTE}\n" + "\n".join(lines)
                 + f"\n\n{md.to_markdown(index=False)}\n")
         (args.out / f"{ds}.md").write_text(text)
         num.to_csv(args.out / f"{ds}.csv", index=False)
@@ -320,18 +317,19 @@ def variant_tables(runs: list[dict], args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report ablation", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True,
                     help="v1 cells: path without suffix (writes .md and .csv); variants: a folder")
     ap.add_argument("--compare", type=Path, help="variants: runs holding the v1 (bft.units=h) SASRec bft cell")
     ap.add_argument("--grid", type=Path, help="variants: the sweep config whose dataset x variant x seed is expected")
     args = ap.parse_args(argv)
+    args.command = command_line("ablation", argv)
     runs = load_runs(args.runs)
     if all(r["tag"].startswith("tau=") for r in runs):
         variant_tables(runs, args)
     elif args.compare or args.grid:
-        raise SystemExit("make_ablation_table: --compare and --grid need a folder of tau=<variant> runs "
+        raise SystemExit("bftrec-report ablation: --compare and --grid need a folder of tau=<variant> runs "
                          f"(configs/experiment/tau_ablation_count.yaml); {args.runs} holds untagged runs")
     else:
         v1_table(runs, args)

@@ -1,15 +1,15 @@
 """Figures from run directories: values come only from ``metrics.json`` and ``history.csv``, never logs.
 
-    python scripts/make_figures.py --runs results/office_sasrec/runs --out results/office_sasrec/figures
+    bftrec-report figures --runs results/office_sasrec/runs --out results/office_sasrec/figures
 
 Runs are found, checked (missing cells, duplicates, comparability; ``--grid``, ``--allow-partial``)
-and grouped as in ``make_tables.py`` (cells of (dataset, model, tag, layer); a tagged BFT
+and grouped as in ``bftrec-report tables`` (cells of (dataset, model, tag, layer); a tagged BFT
 cell is compared with the standard cell of the same tag, else the tag-less one). Writes PNGs whose bytes
 do not change on a rerun:
 
 - ``gain_by_bin.png`` / ``gain_by_bin_ndcg.png``: relative gain (%) of every non-standard layer over the
   standard layer in test HR@10 / NDCG@10 with the training seed as the unit — the mean of the per-seed gains
-  over the seeds both layers have (``make_tables.matched_seeds``), its 95% interval as an error bar and
+  over the seeds both layers have (``matched_seeds``), its 95% interval as an error bar and
   ``*`` (p_seeds < 0.05) or ``**`` (p_Holm < 0.05 on a pre-registered endpoint), the same numbers as the
   tables' comparisons when the runs have rank tables (else a t interval over seeds), on a symmetric-log
   axis — per stratum
@@ -22,12 +22,11 @@ do not change on a rerun:
 
 A figure with nothing to plot (e.g. no BFT runs) is skipped, and the log says which and why. Figures of
 a partial run set (``--allow-partial``) or of trial runs (overrides beyond the grid axes) say so in
-their title (``make_tables.run_note``).
+their title (``run_note``).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -37,11 +36,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import t as t_dist
 
-_spec = importlib.util.spec_from_file_location("make_tables", Path(__file__).with_name("make_tables.py"))
-make_tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make_tables)
+from bftrec.report.runs import baseline, cells, describe_missing, run_note, select_runs
+from bftrec.report.stats import seed_t_p
+from bftrec.report.tables import _lookup, comparisons, matched_seeds, seed_gain_values
 
-log = logging.getLogger("make_figures")
+log = logging.getLogger("bftrec.report.figures")
 DPI = 120
 PANEL = (5.0, 3.6)  # inches per subplot
 CURVE_COL = "valid_NDCG@10"
@@ -116,7 +115,7 @@ def save(fig: Figure, path: Path, note: str = "") -> Figure:
 
 def seed_unit_bar(rs: list[dict], base: list[dict], stratum: str, metric: str, row: dict | None) -> tuple:
     """(gain %, lo %, hi %, mark) of one bar, the training seed as the unit: from the table's comparison row
-    (``make_tables.comparisons``: mean per-seed gain, its seed-and-user interval, ``*`` for p_seeds < 0.05 and
+    (``comparisons``: mean per-seed gain, its seed-and-user interval, ``*`` for p_seeds < 0.05 and
     ``**`` for p_Holm < 0.05 on a pre-registered endpoint) when given, else from metrics.json alone (mean
     per-seed gain and a t interval over seeds, ``*`` for p_seeds < 0.05). NaN where undefined."""
     if row is not None:
@@ -125,14 +124,14 @@ def seed_unit_bar(rs: list[dict], base: list[dict], stratum: str, metric: str, r
     else:
         where = next((i for i, b in enumerate(rs[0]["test"]["by_item_freq"]) if b["bin"] == stratum),
                      {"cold": "cold_users", "warm": "warm_users"}.get(stratum, stratum))
-        gains = [x for _, x in make_tables.seed_gain_values(rs, base, where, metric)]
+        gains = [x for _, x in seed_gain_values(rs, base, where, metric)]
         ok = bool(gains) and all(x is not None and np.isfinite(x) for x in gains)
         g = float(np.mean(gains)) if ok else None
         lo = hi = None
         if ok and len(gains) > 1:
             half = t_dist.ppf(0.975, len(gains) - 1) * np.std(gains, ddof=1) / np.sqrt(len(gains))
             lo, hi = g - half, g + half
-        p, ph = (make_tables.seed_t_p(gains) if ok else None), None
+        p, ph = (seed_t_p(gains) if ok else None), None
     def num(x):
         return np.nan if x is None or pd.isna(x) else 100 * float(x)
     mark = "**" if ph is not None and not pd.isna(ph) and ph < 0.05 else (
@@ -145,13 +144,13 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "", comp: pd.
     """Per dataset, the gain (%) of every non-standard layer over standard in each stratum, the training seed
     as the unit (``seed_unit_bar``), with its 95% interval as an error bar and ``*``/``**`` for significance;
     a symmetric-log axis (linear within ±10%), so that a tiny stratum's +800% leaves the others readable."""
-    look = make_tables._lookup(comp) if comp is not None else {}
+    look = _lookup(comp) if comp is not None else {}
     panels: dict[str, list] = {}
     for key, rs in sorted(groups.items()):
         ds, model, tag, layer = key
-        base = make_tables.baseline(groups, key) if layer != "standard" else None
+        base = baseline(groups, key) if layer != "standard" else None
         if base:
-            rs, base = make_tables.matched_seeds(rs, base)  # seed s against seed s, as in the tables
+            rs, base = matched_seeds(rs, base)  # seed s against seed s, as in the tables
             names = [n for n, _ in strata(rs[0], "test")]
             bars = {n: seed_unit_bar(rs, base, n, metric, look.get(key + (n, metric))) for n in names}
             panels.setdefault(ds, []).append((name(model, tag, layer), bars, rs[0], f"{len(rs)} vs {len(base)} seeds"))
@@ -254,7 +253,7 @@ def curves_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report figures", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, nargs="+", required=True,
                     help="folder(s) searched for metrics.json; several: their union")
     ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
@@ -264,15 +263,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
-        runs, missing, _ = make_tables.select_runs(args.runs, args.grid, args.allow_partial, prog="make_figures")
+        runs, missing, _ = select_runs(args.runs, args.grid, args.allow_partial, prog="bftrec-report figures")
     except SystemExit as e:
-        raise SystemExit(str(e).replace("make_tables:", "make_figures:")) from None
+        raise SystemExit(str(e).replace("bftrec-report:", "bftrec-report figures:")) from None
     if missing:
-        log.warning("partial: %d cells missing (%s)", len(missing), "; ".join(make_tables.describe_missing(missing)))
-    groups = make_tables.cells(runs)
-    note = make_tables.run_note(runs, missing)
+        log.warning("partial: %d cells missing (%s)", len(missing), "; ".join(describe_missing(missing)))
+    groups = cells(runs)
+    note = run_note(runs, missing)
     ranked = all(r["_ranks"].exists() for rs in groups.values() for r in rs)
-    comp = make_tables.comparisons(groups) if ranked else None  # the tables' seed-unit rows, when ranks exist
+    comp = comparisons(groups) if ranked else None  # the tables' seed-unit rows, when ranks exist
     gain_figure(groups, "HR@10", args.out / "gain_by_bin.png", note, comp)
     gain_figure(groups, "NDCG@10", args.out / "gain_by_bin_ndcg.png", note, comp)
     k_figure(groups, args.out / "k_by_bin.png", note)

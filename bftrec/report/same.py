@@ -1,6 +1,6 @@
 """Do two folders of runs give the same results? Compares the ``test`` section of metrics.json cell by cell.
 
-    python scripts/same_results.py results/paper_cpu/runs/office/sasrec results/office_sasrec/runs
+    bftrec-report same results/paper_cpu/runs/office/sasrec results/office_sasrec/runs
 
 Cells are matched on (dataset, model, tag, layer, seed). Two numbers count as the same within a relative
 tolerance (``--rtol``, default 1e-6, plus an absolute 1e-12): an exact rerun on another CPU or thread count
@@ -15,8 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import load_runs  # noqa: E402
+from bftrec.report.runs import load_runs
 
 RTOL, ATOL = 1e-6, 1e-12
 
@@ -53,7 +52,7 @@ def largest_relative_difference(a, b) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report same", description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="first folder searched for metrics.json")
     ap.add_argument("b", type=Path, help="second folder searched for metrics.json")
     ap.add_argument("--rtol", type=float, default=RTOL, help=f"relative tolerance per number (default {RTOL})")
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     b = {key(r): r for r in load_runs(args.b)}
     common = sorted(set(a) & set(b))
     if not common:
-        print(f"same_results: no cell (dataset, model, tag, layer, seed) is in both {args.a} and {args.b}")
+        print(f"bftrec-report same: no cell (dataset, model, tag, layer, seed) is in both {args.a} and {args.b}")
         return 2
     differ = 0
     for k in common:

@@ -1,11 +1,11 @@
 """Training and validation seconds of finished runs, from their ``history.csv``: the source of every
 single-run time quoted in the READMEs.
 
-    python scripts/run_seconds.py results/paper_main/runs/ml-1m/bert4rec/bft --from-epoch 76
-    python scripts/run_seconds.py results/bert4rec_ml1m/runs --out results/bert4rec_ml1m/seconds.md
+    bftrec-report seconds results/paper_main/runs/ml-1m/bert4rec/bft --from-epoch 76
+    bftrec-report seconds results/bert4rec_ml1m/runs --out results/bert4rec_ml1m/seconds.md
 
 Per run (every run folder with ``metrics.json`` and ``history.csv`` below the arguments, found by
-``make_tables.load_runs`` as the tables find them, via ``valid_vs_test.history_runs``): epochs run,
+``bftrec.report.runs.load_runs`` as the tables find them, via ``bftrec.report.valid_test.history_runs``): epochs run,
 the selected epoch (``metrics.json`` ``best_epoch``), then over the epochs counted (all, or those from
 ``--from-epoch`` on, e.g. the part of a run that resumed on another machine): how many, the sum of
 ``train_seconds`` (training, s), of ``eval_seconds`` (full-ranking validation, s), their total, and
@@ -20,19 +20,17 @@ lacks the seconds columns, or when ``--from-epoch`` is past a run's last epoch.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from valid_vs_test import history_runs, write_markdown  # noqa: E402  (a sibling script: run discovery, output)
+from bftrec.report.valid_test import history_runs, write_markdown
 
 COLUMNS = ("epoch", "train_seconds", "eval_seconds")
 
 
 def run_row(run: dict, from_epoch: int = 1) -> dict:
-    """One run's row (``run``: a ``make_tables.load_runs`` entry): ``{dataset, model, layer, tag, seed, run,
+    """One run's row (``run``: a ``bftrec.report.runs.load_runs`` entry): ``{dataset, model, layer, tag, seed, run,
     epochs_run, best_epoch, epochs_counted, train_s, eval_s, total_s, median_s_per_epoch}`` (``run``: the run
     folder's name, which tells apart runs of one tag and seed, e.g. the variants of a sweep; seconds as floats,
     unrounded; an epoch that was not validated counts 0 validation seconds).
@@ -44,11 +42,12 @@ def run_row(run: dict, from_epoch: int = 1) -> dict:
     hist = pd.read_csv(path)
     missing = [c for c in COLUMNS if c not in hist.columns]
     if missing:
-        raise SystemExit(f"run_seconds: {path} has no column {', '.join(missing)}; it is not a bftrec history.csv")
+        raise SystemExit(f"bftrec-report seconds: {path} has no column {', '.join(missing)}; "
+                         "it is not a bftrec history.csv")
     epochs_run = int(hist["epoch"].max())
     part = hist[hist["epoch"] >= from_epoch]
     if part.empty:
-        raise SystemExit(f"run_seconds: --from-epoch {from_epoch} is past the last epoch ({epochs_run}) of "
+        raise SystemExit(f"bftrec-report seconds: --from-epoch {from_epoch} is past the last epoch ({epochs_run}) of "
                          f"{path}; pick an epoch from 1 to {epochs_run}")
     train = part["train_seconds"].astype(float)
     valid = part["eval_seconds"].astype(float).fillna(0.0)
@@ -65,12 +64,12 @@ def table(roots: list[Path], from_epoch: int = 1) -> pd.DataFrame:
     Raises:
         SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``, or ``run_row``'s.
     """
-    df = pd.DataFrame([run_row(r, from_epoch) for r in history_runs(roots, "run_seconds")])
+    df = pd.DataFrame([run_row(r, from_epoch) for r in history_runs(roots, "bftrec-report seconds")])
     return df.sort_values(["dataset", "model", "layer", "tag", "seed", "run"]).reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report seconds", description=__doc__.splitlines()[0])
     ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
     ap.add_argument("--from-epoch", type=int, default=1, help="count epochs from this one on (default 1: all)")
     ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
@@ -85,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                             "epochs_counted": f"epochs counted (from {args.from_epoch})",
                             "train_s": "training (s)", "eval_s": "validation (s)", "total_s": "total (s)",
                             "median_s_per_epoch": "median s per epoch"})
-    write_markdown(df, "run_seconds", argv, args.out)
+    write_markdown(df, "seconds", argv, args.out)
     return 0
 
 

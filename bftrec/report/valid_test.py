@@ -1,6 +1,6 @@
 """Validation against test, run by run: what a protocol that selects the epoch on the item it reports would give.
 
-    python scripts/valid_vs_test.py results/paper_main/runs/ml-1m/hstu/standard \
+    bftrec-report valid-test results/paper_main/runs/ml-1m/hstu/standard \
         results/paper_main/runs/ml-1m/sasrec/standard --out results/protocol/ml-1m_valid_vs_test.md
 
 Our protocol (``README.md``, Evaluation protocol) selects the epoch on validation (each user's
@@ -21,22 +21,20 @@ row per (dataset, model, layer, tag). Writes a markdown table (``--out``) or pri
 
 Raises SystemExit (one line) when a folder holds no run folder with both files, or when ``--metric`` is not
 a validation column of a ``history.csv`` or a test metric of a ``metrics.json``. Runs are found by
-``make_tables.load_runs``, as the tables find them.
+``bftrec.report.runs.load_runs``, as the tables find them.
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import load_runs  # noqa: E402  (a sibling script: the tables' own run discovery)
+from bftrec.report.runs import command_line, load_runs
 
 
 def run_row(run: dict, metric: str) -> dict:
-    """One run's row (``run``: a ``make_tables.load_runs`` entry, its metrics.json plus ``_dir``):
+    """One run's row (``run``: a ``bftrec.report.runs.load_runs`` entry, its metrics.json plus ``_dir``):
     ``{dataset, model, layer, tag, seed, epochs_run, selected_epoch, valid_at_selected, best_valid,
     best_valid_epoch, last_valid, test}`` (floats are the run's own values, unrounded; ``last_valid``: the
     last validated epoch's value).
@@ -48,11 +46,12 @@ def run_row(run: dict, metric: str) -> dict:
     col = f"valid_{metric}"
     if col not in hist.columns:
         have = ", ".join(c[len("valid_"):] for c in hist.columns if c.startswith("valid_"))
-        raise SystemExit(f"valid_vs_test: {run['_dir'] / 'history.csv'} has no {col}; pick --metric from: {have}")
+        raise SystemExit(f"bftrec-report valid-test: {run['_dir'] / 'history.csv'} has no {col}; "
+                         f"pick --metric from: {have}")
     test = run.get("test", {}).get("overall", {})
     if metric not in test:
-        raise SystemExit(f"valid_vs_test: {run['_dir'] / 'metrics.json'} has no test {metric}; pick --metric from: "
-                         f"{', '.join(test)}")
+        raise SystemExit(f"bftrec-report valid-test: {run['_dir'] / 'metrics.json'} has no test {metric}; "
+                         f"pick --metric from: {', '.join(test)}")
     epochs_run = int(hist["epoch"].max())  # before dropping the epochs that were not validated (eval_every > 1)
     hist = hist.dropna(subset=[col])
     sel = hist[hist["epoch"] == run["best_epoch"]]
@@ -65,8 +64,8 @@ def run_row(run: dict, metric: str) -> dict:
 
 
 def history_runs(roots: list[Path], script: str) -> list[dict]:
-    """The runs (``make_tables.load_runs`` entries) below ``roots`` whose folder has a ``history.csv``; a run
-    reached from two roots counts once. Shared with ``run_seconds.py`` (``script`` names the caller in errors).
+    """The runs (``bftrec.report.runs.load_runs`` entries) below ``roots`` whose folder has a ``history.csv``; a run
+    reached from two roots counts once. Shared with ``bftrec.report.seconds`` (``script`` names the caller in errors).
 
     Raises:
         SystemExit: a root does not exist or holds no run folder with both ``metrics.json`` and ``history.csv``.
@@ -84,10 +83,10 @@ def history_runs(roots: list[Path], script: str) -> list[dict]:
     return runs
 
 
-def write_markdown(df: pd.DataFrame, script: str, argv: list[str] | None, out: Path | None) -> None:
-    """Write ``df`` as a markdown table headed by the command that made it (``python scripts/<script>.py
-    <args>``) to ``out``, or print it when ``out`` is None. Shared with ``run_seconds.py``."""
-    cmd = f"python scripts/{script}.py " + " ".join(sys.argv[1:] if argv is None else argv)
+def write_markdown(df: pd.DataFrame, sub: str, argv: list[str] | None, out: Path | None) -> None:
+    """Write ``df`` as a markdown table headed by the command that made it (``bftrec-report <sub>
+    <args>``) to ``out``, or print it when ``out`` is None. Shared with ``bftrec.report.seconds``."""
+    cmd = command_line(sub, argv)
     text = f"Made by `{cmd}`.\n\n{df.to_markdown(index=False, disable_numparse=True)}\n"
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +101,7 @@ def table(roots: list[Path], metric: str) -> pd.DataFrame:
     Raises:
         SystemExit: a root holds no run folder with both ``metrics.json`` and ``history.csv``.
     """
-    runs = history_runs(roots, "valid_vs_test")
+    runs = history_runs(roots, "bftrec-report valid-test")
     keys = ["dataset", "model", "layer", "tag"]
     df = pd.DataFrame([run_row(r, metric) for r in runs]).sort_values([*keys, "seed"])
     means = df.groupby(keys, sort=False).mean(numeric_only=True).reset_index().assign(seed="mean")
@@ -111,7 +110,7 @@ def table(roots: list[Path], metric: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report valid-test", description=__doc__.splitlines()[0])
     ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
     ap.add_argument("--metric", default="HR@10", help="a validation column of history.csv (default HR@10)")
     ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                             "best_valid": f"best valid {args.metric}",
                             "last_valid": f"valid {args.metric} at last validated epoch",
                             "test": f"test {args.metric}"})
-    write_markdown(df, "valid_vs_test", argv, args.out)
+    write_markdown(df, "valid-test", argv, args.out)
     return 0
 
 

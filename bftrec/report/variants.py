@@ -1,6 +1,6 @@
 """A variant table: tagged runs of one (dataset, backbone, layer) against a baseline tag, chosen by validation.
 
-    python scripts/make_variant_table.py --runs results/windows/runs --baseline windows=last \\
+    bftrec-report variants --runs results/windows/runs --baseline windows=last \\
         --out results/windows/tables
 
 For studies that change one setting at a time (training windows, the loss, ...): every run carries a
@@ -10,7 +10,7 @@ tag (``tag=windows=sliding``; an experiment config sets it from the swept key). 
 - validation NDCG@10 (the selection metric; ``ranks.csv.gz`` holds test ranks only, so there is no
   paired test on validation) and its relative difference to the baseline tag;
 - test HR@10 and NDCG@10, with a two-sided Wilcoxon signed-rank p over users of the seed-averaged
-  per-user metric against the baseline (``make_tables.paired_p``);
+  per-user metric against the baseline (``paired_p``);
 - best epoch, epochs run and training seconds (``history.csv``).
 
 Per (dataset, backbone, layer) the row with the best mean validation NDCG@10 is marked, with its
@@ -22,16 +22,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tables import fmt, header, load_runs, matched_seeds, paired_p, pval  # noqa: E402
+from bftrec.report.runs import command_line, header, load_runs
+from bftrec.report.tables import fmt, matched_seeds, paired_p, pval
 
-log = logging.getLogger("make_variant_table")
+log = logging.getLogger("bftrec.report.variants")
 
 
 def _train_s(run: dict) -> float | None:
@@ -40,7 +39,7 @@ def _train_s(run: dict) -> float | None:
 
 
 def _matched_valid(rs: list[dict], base: list[dict]) -> tuple[float, float]:
-    """Mean validation NDCG@10 of ``rs`` and of ``base`` on the seeds both have (``make_tables.matched_seeds``),
+    """Mean validation NDCG@10 of ``rs`` and of ``base`` on the seeds both have (``matched_seeds``),
     the seeds its p-values use."""
     a, b = matched_seeds(rs, base)
     return (float(np.mean([r["valid"]["NDCG@10"] for r in a])), float(np.mean([r["valid"]["NDCG@10"] for r in b])))
@@ -58,13 +57,13 @@ def variant_rows(runs: list[dict], baseline: str) -> pd.DataFrame:
     for r in runs:
         key = (r["dataset"], r["model"], r["layer"], r["tag"], r["seed"])
         if key in seen:
-            raise SystemExit(f"make_variant_table: two runs of {'/'.join(map(str, key[:4]))} seed {key[4]}: "
+            raise SystemExit(f"bftrec-report variants: two runs of {'/'.join(map(str, key[:4]))} seed {key[4]}: "
                              f"{seen[key]} and {r['_dir']}; keep one (seeds would be double counted)")
         seen[key] = r["_dir"]
         groups.setdefault((r["dataset"], r["model"], r["layer"]), {}).setdefault(r["tag"], []).append(r)
     rows = []
     if not any(baseline in tags for tags in groups.values()):
-        raise SystemExit(f"make_variant_table: no runs tagged {baseline!r} (tags: "
+        raise SystemExit(f"bftrec-report variants: no runs tagged {baseline!r} (tags: "
                          f"{', '.join(sorted({t for tags in groups.values() for t in tags}))}); "
                          "pass --baseline <one of them>")
     for (d, m, layer), tags in sorted(groups.items()):
@@ -115,7 +114,7 @@ def expected_missing(runs: list[dict], grid: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-report variants", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, nargs="+", required=True,
                     help="folder(s) searched for metrics.json; several: their union (a baseline committed elsewhere)")
     ap.add_argument("--baseline", required=True, help="the tag every other tag is compared with")
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         r["_overrides_key"] = tuple(o for o in r["_overrides"] if o.partition("=")[0] in swept)
     missing = expected_missing(runs, args.grid) if args.grid else []
     df = variant_rows(runs, args.baseline)
-    head = header(runs)
+    head = header(runs, command=command_line("variants", argv))
     if missing:
         head += f"\n- **PARTIAL: {len(missing)} cells missing**: {'; '.join(missing)}"
     head += ("\n- valid vs baseline: relative difference of the seed means of validation NDCG@10; p: two-sided "
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     df.to_csv(args.out / "variants.csv", index=False)
     (args.out / "variants.md").write_text(f"# Variants against {args.baseline} (mean ± std over seeds)\n\n"
                                           f"{head}\n\n{df.to_markdown(index=False)}\n")
-    print(f"make_variant_table: wrote {args.out / 'variants.md'} and variants.csv ({len(df)} rows)")
+    log.info(f"wrote {args.out / 'variants.md'} and variants.csv ({len(df)} rows)")
 
 
 if __name__ == "__main__":

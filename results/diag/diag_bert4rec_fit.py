@@ -11,7 +11,7 @@ reports, averaged over ``--seeds`` seeds:
   divided by log N (1.0 = uniform guessing);
 - ``valid_ndcg``: full-ranking validation NDCG@10 of those users (history excluded).
 
-Usage: PYTHONPATH=$PWD python scripts/diag_bert4rec_fit.py --out results/diag/bert4rec_fit.json
+Usage: PYTHONPATH=$PWD python results/diag/diag_bert4rec_fit.py --out results/diag/bert4rec_fit.json
 Needs BFTREC_DATA_ROOT (ml-100k). Prints a table; writes JSON.
 """
 from __future__ import annotations

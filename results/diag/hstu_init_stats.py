@@ -4,7 +4,7 @@ Builds HSTU (tuned config of ``--dataset``, seed 0), runs the first training bat
 prints JSON per block: the mean over real tokens of Var_D(m) (the per-token variance LN2 divides
 by), LN2's eps, and the std of LN2(m). Usage (needs BFTREC_DATA_ROOT)::
 
-    python scripts/hstu_init_stats.py --dataset ml-100k
+    python results/diag/hstu_init_stats.py --dataset ml-100k
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How fine a dataset's timestamps are for HSTU's time bias: the time buckets of the pairs it attends over.
 
-    BFTREC_DATA_ROOT=../shared/data python scripts/time_gaps.py \\
+    BFTREC_DATA_ROOT=../shared/data python results/hstu_time_bias/time_gaps.py \\
         --datasets ml-100k ml-1m ml-1m-ts sports beauty yelp --out results/hstu_time_bias/time_gaps.json
 
 HSTU's relative time bias (``model.time_bias``, ``bftrec/models/hstu.py``) adds a learned value per
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this script sits in results/<study>/)
 sys.path.insert(0, str(ROOT))
 from bftrec.data.datasets import dataset_config, load_dataset  # noqa: E402
 from bftrec.models.hstu import HSTUConfig, time_buckets  # noqa: E402
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    out = {"command": "python scripts/time_gaps.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    cmd = " ".join(argv if argv is not None else sys.argv[1:])
+    out = {"command": f"python results/hstu_time_bias/time_gaps.py {cmd}",
            "datasets": {}}
     for name in args.datasets:
         try:

@@ -1,6 +1,6 @@
 """How many of a dataset's training targets one epoch predicts under each training-window mode.
 
-    BFTREC_DATA_ROOT=../shared/data python scripts/window_coverage.py \\
+    BFTREC_DATA_ROOT=../shared/data python results/windows/window_coverage.py \\
         --datasets sports instruments beauty toys yelp ml-1m ml-100k --out results/windows/coverage.json
 
 Per dataset, at the ``model.max_len`` of its tuned SASRec config (``configs/tuned/<dataset>_sasrec.yaml``;
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (this script sits in results/<study>/)
 sys.path.insert(0, str(ROOT))
 from bftrec.data.batches import train_window_bounds  # noqa: E402
 
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                  "(%d windows against %d)", name, max_len, 100 * r["last"]["share_of_targets"], r["targets"],
                  100 * r["sliding"]["share_of_targets"], r["sliding"]["windows"], r["last"]["windows"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": "python scripts/window_coverage.py " + " ".join(argv or sys.argv[1:]),
+    cmd = " ".join(argv or sys.argv[1:])
+    args.out.write_text(json.dumps({"command": f"python results/windows/window_coverage.py {cmd}",
                                     "datasets": result}, indent=1) + "\n")
     return 0
 

@@ -1,0 +1,478 @@
+"""Runs for the reports: finding run directories, grouping them into cells and checking them.
+
+Every report (``bftrec-report tables|figures|variants|ablation|same|valid-test|seconds``) reads runs
+through ``load_runs`` and ``select_runs``: a run is its ``metrics.json`` plus ``config.yaml``, ``env.json``
+and ``.hydra/overrides.yaml``. Missing cells, duplicate runs and runs whose protocol or config differ
+beyond the compared axis stop the report with the list (``check_comparable``); the provenance
+header of every table (``header``: protocol, commits, hardware, dates, budgets, the command) is built
+here. Numbers never come from logs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bftrec.config import EvalConfig, upgrade_legacy_layer
+from bftrec.data.datasets import identity_of_stats, other_data
+from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
+
+METRICS = ("HR@10", "NDCG@10")
+STANDARD = "standard"
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+QUIET = ("dataset=", "model=", "layer=", "seed=", "experiment=", "out_root=", "data_root=", "cache_dir=",
+         "hydra", "trainer.num_threads=", "trainer.progress=", "trainer.device=", "log_level=")
+
+
+# ---------------------------------------------------------------------------------------------
+# runs, cells and the checks
+# ---------------------------------------------------------------------------------------------
+def _overrides(run_dir: Path) -> list[str]:
+    """The run's command-line overrides (``.hydra/overrides.yaml``) other than the grid axes and the
+    where-and-how-fast settings (``QUIET``)."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    found = (yaml.safe_load(path.read_text()) or []) if path.exists() else []
+    return [o for o in found if not o.lstrip("+~").startswith(QUIET)]
+
+
+def run_roots(root) -> list[Path]:
+    """``root`` as a list of folders: one folder (str or Path) or an iterable of them (``--runs a b``)."""
+    return [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
+
+
+def _json(path: Path) -> dict:
+    """A run's JSON file; a torn or truncated one stops in one line naming it (issue 50)."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"bftrec-report: {path} is not valid JSON ({e}; a torn or truncated write?); rerun that "
+                         "cell or move its folder away") from None
+
+
+def load_runs(root) -> list[dict]:
+    """Every run below ``root`` (``root`` itself may be one run; a list of folders: the runs below
+    each, a run under two of them counted once): its metrics.json plus the paths of its folder and
+    ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart from other runs of
+    the same cell (a sweep), joined into its tag when it has none.
+
+    Raises:
+        SystemExit: a folder that does not exist, or no metrics.json under any of them.
+    """
+    roots = run_roots(root)
+    absent = [str(r) for r in roots if not r.exists()]
+    if absent:
+        raise SystemExit(f"bftrec-report: no such folder: {', '.join(absent)}; check the run folder paths")
+    found: dict = {}
+    for r in roots:
+        for m in r.rglob("metrics.json"):
+            found.setdefault(m.resolve(), m)  # the first spelling of a run reached twice
+    runs = []
+    for _, mpath in sorted(found.items()):  # resolved order: the same however the folders are spelled
+        if mpath.parent.name.startswith("eval_"):
+            continue  # re-scored copies (bftrec-eval) are not extra seeds
+        m = _json(mpath)
+        env = mpath.parent / "env.json"
+        m["_env"] = _json(env) if env.exists() else {}
+        m["_ranks"] = mpath.parent / "ranks.csv.gz"
+        m["_dir"] = mpath.parent
+        m["_overrides"] = _overrides(mpath.parent)
+        m["tag"] = m.get("tag") or ""  # older runs wrote tag: null
+        p = m.get("protocol")
+        if isinstance(p, dict) and "exclude_scope" not in p:  # older than eval.exclude_scope: it scored as the
+            p["exclude_scope"] = EvalConfig.exclude_scope if p.get("exclude_history") else None  # default does
+        runs.append(m)
+    if not runs:
+        raise SystemExit(f"bftrec-report: no metrics.json under {', '.join(map(str, roots))}; run the experiment first")
+    _name_variants(runs)
+    return runs
+
+
+def _name_variants(runs: list[dict]) -> None:
+    """Override keys with several values among the runs of one cell are sweep keys: an untagged run
+    gets ``key=value,...`` of those keys as its tag (``_variant``)."""
+    values: dict = {}
+    for r in runs:
+        cell = (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"])
+        for o in r["_overrides"]:
+            k, _, v = o.lstrip("+~").partition("=")
+            values.setdefault((cell, k), set()).add(v)
+    swept = {k for (_, k), vs in values.items() if len(vs) > 1}
+    for r in runs:
+        r["_variant"] = [o for o in r["_overrides"] if o.lstrip("+~").partition("=")[0] in swept]
+        if r["_variant"] and not r["tag"]:
+            r["tag"] = ",".join(o.lstrip("+~") for o in r["_variant"])
+
+
+def grid_cells(paths) -> set:
+    """(dataset, model, tag "", layer, seed) of every cell the grid configs sweep (``hydra.sweeper.params``);
+    ``paths``: one config or several (their union: a grid and its extra cells, e.g. ``paper/main_units``)."""
+    out: set = set()
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        try:
+            axes = sweep_axes(path)
+        except SystemExit as e:
+            raise SystemExit(f"bftrec-report: {e}") from None
+        out |= {(d, m, "", layer, int(s)) for d, m, layer, s in itertools.product(*(axes[k] for k in AXES))}
+    return out
+
+
+def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
+    """Cells (dataset, model, tag, layer, seed) expected but absent, sorted.
+
+    Raises:
+        SystemExit: two runs of the same cell (seeds would be double counted); names both folders.
+    """
+    found: dict = {}
+    for r in runs:
+        found.setdefault((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]), []).append(r["_dir"])
+    dups = [f"{cell_name(*k[:4])} seed {k[4]}: {', '.join(map(str, v))}" for k, v in found.items() if len(v) > 1]
+    if dups:
+        raise SystemExit(f"bftrec-report: {len(dups)} cell(s) with more than one run; keep one each: {'; '.join(dups)}")
+    if expected is None:
+        seeds = {k[4] for k in found}
+        twins = any(k[3] == STANDARD for k in found)  # no standard run at all: nothing to compare with
+        groups = {k[:4] for k in found} | {(d, m, "", STANDARD) for d, m, t, layer, _ in found
+                                           if twins and layer != STANDARD and not t}
+        expected = {g + (s,) for g in groups for s in seeds}
+    return sorted(expected - set(found))
+
+
+def describe_missing(missing: list[tuple]) -> list[str]:
+    """Missing cells as compact lines, one per dataset: ``office: sasrec bft seeds 1, 2 and standard
+    seed 2; hstu standard, bft seeds 0, 1, 2`` (backbones missing the same are listed together)."""
+    per_cell: dict = {}
+    for d, m, t, layer, s in missing:
+        per_cell.setdefault((d, m, t), {}).setdefault(layer, []).append(str(s))
+    per_ds: dict = {}
+    for (d, m, t), layers in per_cell.items():
+        by_seeds: dict = {}
+        for layer, seeds in layers.items():
+            by_seeds.setdefault(", ".join(seeds), []).append(layer)
+        what = " and ".join(f"{', '.join(ls)} seed{'s' if ',' in s else ''} {s}" for s, ls in by_seeds.items())
+        per_ds.setdefault(d, {}).setdefault(what, []).append(m + (f" [{t}]" if t else ""))
+    return [f"{d}: " + "; ".join(f"{', '.join(models)} {what}" for what, models in items.items())
+            for d, items in per_ds.items()]
+
+
+def cell_name(dataset: str, model: str, tag: str, layer: str) -> str:
+    return "/".join(x for x in (dataset, model, tag, layer) if x)
+
+
+def normalise_config(cfg: dict) -> dict:
+    """Legacy rules: rewrite a run's saved config (nested, as in its ``config.yaml``) into today's
+    terms before it is compared with other runs. Keys it lacks are then filled from
+    ``default_config``. Rule: a bft layer config without ``bft.units`` is v1, ``units=h``
+    (``bftrec.config.upgrade_legacy_layer``, the rule every loading path uses)."""
+    if isinstance(cfg.get("layer"), dict):
+        cfg = {**cfg, "layer": upgrade_legacy_layer(cfg["layer"])}
+    return cfg
+
+
+@functools.cache
+def default_config(dataset: str, model: str, layer: str) -> dict:
+    """Today's flat config of a cell: Hydra composition of ``configs/train.yaml`` with
+    ``dataset=, model=, layer=`` (tuned config included), each group completed with its dataclass
+    defaults. {} when the repo cannot compose it (a name no longer in ``configs/``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from bftrec.config import ConfigError
+    from bftrec.train import typed_groups
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("train", overrides=[f"dataset={dataset}", f"model={model}", f"layer={layer}"])
+        typed = typed_groups(cfg)
+    except (HydraException, ConfigError, ValueError):
+        return {}
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.update({k: dataclasses.asdict(v) for k, v in typed.items()
+                if k in out and dataclasses.is_dataclass(v)})
+    return _flat(out)
+
+
+@functools.cache
+def schema_config(model: str, layer: str) -> dict:
+    """{dotted key: schema default} of a cell's typed groups (``bftrec.config.schema_defaults``): what
+    a key meant in a run written before the key existed, the rule of ``bftrec.grid.config_diff``
+    (a new key's default is the behaviour from before it). {} for a name no longer registered."""
+    from bftrec.train import LAYER_CONFIGS, MODELS, run_schema_defaults  # bftrec.train registers every layer
+
+    if model not in MODELS or layer not in LAYER_CONFIGS:
+        return {}
+    return run_schema_defaults(MODELS.get(model).Config, LAYER_CONFIGS[layer])
+
+
+def absent_value(run: dict, key: str):
+    """The value of ``key`` for a run whose saved config lacks it: the schema default (the key is newer
+    than the run), else today's composed default of the cell (``default_config``)."""
+    schema = schema_config(run["model"], run["layer"])
+    if key in schema:
+        return schema[key]
+    return default_config(run["dataset"], run["model"], run["layer"]).get(key, "<absent>")
+
+
+def run_config(run: dict) -> dict:
+    """The run's flat config after ``normalise_config`` ({} without config.yaml), with ``trainer.amp`` as it
+    took effect: bf16 autocast runs only on CUDA (``bftrec.trainer.fit``: ``cfg.amp and device.type ==
+    "cuda"``), so a run none of whose processes trained on CUDA ran in float32 whatever ``trainer.amp``
+    said (the main grid's CPU cells say true, its GPU cells ran with false: the same computation)."""
+    path = run["_dir"] / "config.yaml"
+    cfg = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    flat = _flat(normalise_config(cfg))
+    if "trainer.amp" in flat and not any(d.startswith("cuda") for d in run_devices(run)):
+        flat["trainer.amp"] = False
+    return flat
+
+
+def run_devices(run: dict) -> set[str]:
+    """Device types a run trained on: every process logs ``..., device <type>`` in ``train.log`` (a run
+    resumed elsewhere has several); without a log, ``env.json``'s device; {"?"} when neither says."""
+    found = {dev for _, dev in training_segments(run["_dir"] / "train.log")}
+    return found or {str(run.get("_env", {}).get("device") or "?")}
+
+
+def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
+    """Dotted keys whose values differ between two runs' configs (volatile keys and keys starting
+    with ``ignore`` excluded); a key absent from one config takes ``absent_value`` (its schema
+    default: a run that predates a key ran with the key's default, whatever a tuned config says today)."""
+    ca, cb = run_config(a), run_config(b)
+    out = []
+    for k in sorted(k for k in (set(ca) | set(cb)) - VOLATILE if not k.startswith(ignore)):
+        va, vb = (c[k] if k in c else absent_value(r, k) for c, r in ((ca, a), (cb, b)))
+        if va != vb:
+            out.append(k)
+    return out
+
+
+def check_comparable(groups: dict) -> None:
+    """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
+    between a layer and its standard baseline); one line naming both folders and the keys.
+
+    Compared are the seeds of a cell and each non-standard cell with its standard baseline (``baseline``).
+    """
+    for key, rs in groups.items():
+        base = baseline(groups, key) if key[3] != STANDARD else None
+        pairs = [(rs[0], r, ("seed", "tag")) for r in rs[1:]]
+        pairs += [(rs[0], r, ("seed", "tag", "tuned_config", "layer.")) for r in base or []]
+        for ref, r, allowed in pairs:
+            pa, pb = ({k: v for k, v in x["protocol"].items() if k != "repeat_target_share"} for x in (ref, r))
+            diff = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+            diff += config_differences(ref, r, ignore=allowed)
+            data = other_data(identity_of_stats(ref.get("data")), identity_of_stats(r.get("data")))
+            if data:  # issue 50: the same config on two different files is two experiments
+                raise SystemExit(f"bftrec-report: {ref['_dir']} and {r['_dir']} are compared in one table "
+                                 "but trained on "
+                                 f"different data ({data.replace(' in the run', ' in the other')}); rerun one of them "
+                                 "on the other's data or keep them in separate folders")
+            if diff:
+                raise SystemExit(f"bftrec-report: {ref['_dir']} and {r['_dir']} are compared in one table but differ "
+                                 f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
+
+
+def select_runs(root, grid, allow_partial: bool, prog: str = "bftrec-report") -> tuple:
+    """Runs of ``root`` (a folder or a list of them, as ``load_runs``) ready for tables or figures:
+    (runs, missing cells, ignored run folders).
+
+    With ``grid`` (a config path or a list of them), runs outside it are left out (and returned as
+    ignored). Raises SystemExit on missing cells unless ``allow_partial``, on duplicate runs and on
+    runs that are not comparable.
+    """
+    runs = load_runs(root)
+    where = ", ".join(map(str, run_roots(root)))
+    ignored = []
+    cells_ = grid_cells(grid) if grid is not None else None
+    if cells_ is not None:
+        ignored = [str(r["_dir"]) for r in runs
+                   if (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]) not in cells_]
+        runs = [r for r in runs if str(r["_dir"]) not in ignored]
+        if not runs:
+            names = [grid] if isinstance(grid, (str, Path)) else grid
+            raise SystemExit(f"{prog}: no run under {where} belongs to the grid {', '.join(map(str, names))}")
+    missing = missing_cells(runs, cells_)
+    if missing and not allow_partial:
+        raise SystemExit(f"{prog}: {len(missing)} cells missing under {where}: {'; '.join(describe_missing(missing))}. "
+                         "Finish them (a grid rerun skips finished cells) or pass --allow-partial")
+    check_comparable(cells(runs))
+    return runs, missing, ignored
+
+
+def cells(runs: list[dict]) -> dict:
+    out: dict = {}
+    for r in runs:
+        out.setdefault((r["dataset"], r["model"], r["tag"], r["layer"]), []).append(r)
+    return out
+
+
+def baseline(groups: dict, key: tuple) -> list[dict] | None:
+    ds, model, tag, _ = key
+    return groups.get((ds, model, tag, STANDARD)) or groups.get((ds, model, "", STANDARD))
+
+
+def layers_of(groups: dict) -> list[str]:
+    """Non-standard layer names present, sorted (they are data: any layer != standard is compared)."""
+    return sorted({k[3] for k in groups} - {STANDARD})
+
+
+def extra_overrides(runs: list[dict]) -> list[str]:
+    """Command-line overrides of the runs other than the grid axes, where-and-how-fast settings and
+    the sweep keys that name cells (``_variant``), with how many runs used each: a trial
+    ``trainer.epochs=2`` shows."""
+    count: dict = {}
+    for r in runs:
+        for o in r["_overrides"]:
+            if o not in r.get("_variant", ()):
+                count[o] = count.get(o, 0) + 1
+    return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
+
+
+def is_trial_override(o: str) -> bool:
+    """Whether a command-line override makes a run a trial: any key=value but ``trainer.amp`` (compared as it
+    took effect) and a config-group choice that defines a cell variant with its own tag (``+tau_variant=mlp``,
+    ``sasrec_convention=recbole``); ``debug=...`` always is a trial."""
+    key = o.split(" (")[0].lstrip("+~").partition("=")[0]
+    if key == "trainer.amp":
+        return False
+    return "." in key or key == "debug"
+
+
+def run_note(runs: list[dict], missing: list[tuple]) -> str:
+    """``PARTIAL: n of m cells missing; TRIAL: overrides ...`` for titles; empty for a complete plain run set.
+    ``trainer.amp`` is no trial: what it took effect as is compared like any config key (``run_config``,
+    ``check_comparable``), so the main grid's GPU cells, run with ``trainer.amp=false`` to stay in float32 like
+    its CPU cells, are not flagged (the table header still lists the override)."""
+    notes = [f"PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing"] if missing else []
+    extra = [o for o in extra_overrides(runs) if is_trial_override(o)]
+    if extra:
+        notes.append(f"TRIAL: {'; '.join(extra)}")
+    return "; ".join(notes)
+
+
+def budgets(runs: list[dict]) -> list[str]:
+    """Training budget per (dataset, backbone) as the runs' configs give it: L, epoch cap, the floor
+    before early stopping where ``trainer.min_epochs`` > 0, patience, loss; ``d/m: L 50, ≤ 200 epochs,
+    patience 10, ce`` or ``d/m: L 200, ≤ 101 epochs, ≥ 101 before stopping, patience 10, sampled_softmax``
+    (several values where the runs differ)."""
+    per: dict = {}
+    for r in runs:
+        c = run_config(r)
+        floor = c.get("trainer.min_epochs") or 0
+        item = (f"L {c.get('model.max_len', '?')}, ≤ {c.get('trainer.epochs', '?')} epochs, "
+                + (f"≥ {floor} before stopping, " if floor else "")
+                + f"patience {c.get('trainer.patience', '?')}, {c.get('model.loss', '?')}")
+        per.setdefault(f"{r['dataset']}/{r['model']}", set()).add(item)
+    return [f"{k}: {' | '.join(sorted(v))}" for k, v in sorted(per.items())]
+
+
+def commit_label(run: dict) -> str:
+    """A run's commit as the headers show it: 10 hex digits, ``+dirty`` when tracked files differed."""
+    return (run["_env"].get("git_sha") or "?")[:10] + ("+dirty" if run["_env"].get("git_dirty") else "")
+
+
+def runs_by_commit(runs: list[dict]) -> dict:
+    """The runs of each commit as compact cell lines (``describe_missing``'s form), when a table mixes
+    commits: ``{"5de5180c23": ["sports: sasrec bft, standard seed 0"], ...}``."""
+    per: dict = {}
+    for r in runs:
+        per.setdefault(commit_label(r), []).append((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
+    return {sha: describe_missing(sorted(cells)) for sha, cells in sorted(per.items())}
+
+
+PREREGISTRATION = "preregistration.md"
+
+
+def _git_dates(path: Path) -> list[str]:
+    """ISO commit dates (UTC, newest first) of the commits that touched ``path``; [] outside git."""
+    try:
+        out = subprocess.run(["git", "log", "--format=%cd", "--date=iso-strict-local", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, timeout=20,
+                             env={**os.environ, "TZ": "UTC"})
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def _git_dirty(path: Path) -> bool:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def preregistration_notes(roots, runs: list[dict]) -> list[str]:
+    """A ``preregistration.md`` in a folder above any ``--runs`` folder (up to 4 levels) must not change
+    after the first run that followed its first commit: one line per such file that did (a later commit,
+    or uncommitted edits), naming the commits' dates. Runs' start times (env.json) are UTC."""
+    found = []
+    for root in run_roots(roots):
+        for parent in list(Path(root).resolve().parents)[:4]:
+            f = parent / PREREGISTRATION
+            if f.exists() and f not in found:
+                found.append(f)
+    notes = []
+    for f in found:
+        dates = sorted(d[:19] for d in _git_dates(f))  # oldest first, YYYY-MM-DDTHH:MM:SS
+        if not dates:
+            continue
+        after = sorted(r["_env"].get("started", "")[:19] for r in runs if r["_env"].get("started", "")[:19] > dates[0])
+        if not after:
+            continue
+        late = [d for d in dates[1:] if d > after[0]]
+        if late or _git_dirty(f):
+            notes.append(f"**pre-registration changed after the first registered run** ({f}; first run {after[0]}; "
+                         f"later commits: {', '.join(late) or 'none'}{'; uncommitted edits' if _git_dirty(f) else ''})")
+    return notes
+
+
+def command_line(sub: str, argv: list[str] | None) -> str:
+    """The command a report records in its header, as a user types it: ``bftrec-report tables --runs ...``
+    (``argv``: the subcommand's arguments; None: this process's own, ``sys.argv[1:]``)."""
+    return " ".join(["bftrec-report", sub, *(sys.argv[1:] if argv is None else argv)])
+
+
+def header(runs: list[dict], missing: list[tuple] = (), ignored: list[str] = (), notes: list[str] = (),
+           command: str = "bftrec-report") -> str:
+    """The provenance bullets of a table (protocol per dataset, commits, hardware, run dates, ``command``, the
+    budgets, overrides beyond the axes, missing and left-out cells, ``notes``), one markdown string."""
+    shas = sorted({commit_label(r) for r in runs})
+    hw = sorted({f"{r['_env'].get('device', '?')} ({r['_env'].get('device_name', '')}, "
+                 f"{r['_env'].get('threads', '?')} threads)" for r in runs})
+    dates = sorted(r["_env"].get("started", "?")[:10] for r in runs)
+    protocols: dict = {}
+    for r in runs:
+        p = r["protocol"]
+        scope = " (scored window only)" if p["exclude_scope"] == "window" else ""
+        text = (f"{p['split']}; candidates: {p['candidates']}; history excluded: {p['exclude_history']}{scope} "
+                f"(repeat target: {p['repeat_target']}); ties: {p['ties']}; selection: {p['epoch_selection']}")
+        protocols.setdefault(text, set()).add(r["dataset"])
+    lines = [f"- protocol: {t}" + (f" [{', '.join(sorted(d))}]" if len(protocols) > 1 else "")
+             for t, d in protocols.items()]
+    lines += [f"- commit(s): {', '.join(shas)}; hardware: {'; '.join(hw)}; run dates: {dates[0]} .. {dates[-1]}"
+              + ("".join(f"\n  - at {sha}: {'; '.join(cells)}" for sha, cells in runs_by_commit(runs).items())
+                 if len(shas) > 1 else ""),
+              f"- runs: {len(runs)}; generated by `{command}` "
+              "(numbers from metrics.json and ranks.csv.gz only)",
+              f"- budget per pair (from the runs' configs): {'; '.join(budgets(runs))}"]
+    extra = extra_overrides(runs)
+    if extra:
+        lines.append(f"- overrides beyond dataset, model, layer, seed: {'; '.join(extra)}")
+    if missing:
+        lines.append(f"- **PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing**; means use the "
+                     "seeds present, gains and p-values the seeds both layers of a comparison have. Missing:")
+        lines += [f"  - {line}" for line in describe_missing(missing)]
+    if ignored:
+        lines.append(f"- left out: {len(ignored)} runs outside the grid ({'; '.join(ignored)})")
+    lines += [f"- {n}" for n in notes]
+    return "\n".join(lines)
+
+
