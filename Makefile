@@ -47,8 +47,8 @@ PAPER_CHECK = $(foreach g,$(or $(TABLE_GRIDS_$(GRID)),$(GRID)),--grid configs/ex
 paper: setup
 	$(BIN)/bftrec-train -m experiment=paper/$(GRID) out_root=$(OUT) $(ARGS)
 	$(if $(ARGS),,$(foreach g,$(EXTRA_GRIDS_$(GRID)),$(BIN)/bftrec-train -m experiment=paper/$(g) out_root=$(OUT);))
-	$(BIN)/python scripts/make_tables.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/tables
-	$(BIN)/python scripts/make_figures.py --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/figures
+	$(BIN)/bftrec-report tables --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/tables
+	$(BIN)/bftrec-report figures --runs $(OUT)/runs $(PAPER_CHECK) --out $(OUT)/figures
 
 lint: setup
 	$(BIN)/ruff check bftrec tests scripts results

@@ -99,7 +99,7 @@ def typed_groups(cfg: DictConfig) -> dict:
 def run_schema_defaults(model_schema: type, layer_schema: type) -> dict:
     """{dotted key: schema default} of a run's typed groups (``bftrec.config.schema_defaults``): the
     value a key had in a run stored before the key existed (``bftrec.grid.config_diff``,
-    ``scripts/make_tables.py``)."""
+    ``bftrec-report tables``)."""
     return schema_defaults({"": RunConfig, "dataset": DatasetConfig, "model": model_schema, "layer": layer_schema,
                             "trainer": TrainerConfig, "eval": EvalConfig})
 

@@ -2,7 +2,7 @@
 
 A grid runs into a scratch ``out_root`` (checkpoints are large and never committed). This copies each
 cell that finished there into ``--dst`` and appends the cell's ledger line to ``--dst``'s ledger, so
-that ``make_tables.py`` / ``make_figures.py`` on ``--dst`` see it and the record of where and at which
+that ``bftrec-report tables`` / ``figures`` on ``--dst`` see it and the record of where and at which
 commit it ran travels with it. It schedules nothing: Hydra still runs the cells (``bftrec.grid``).
 
 A cell is collected when its last line with status ``ran`` or ``resumed`` in the source ledger

@@ -21,7 +21,7 @@ which is exactly the prediction task at test time. The loss is the mean CE over 
 of the batch (as both references). Scoring: the most recent ``max_len - 1`` history items followed by
 ``[MASK]``; the scores are read at the ``[MASK]`` position.
 
-Convergence (issue 11; ``scripts/diag_bert4rec_fit.py``, results/diag/bert4rec_fit.json): the cloze
+Convergence (issue 11; ``results/diag/diag_bert4rec_fit.py``, results/diag/bert4rec_fit.json): the cloze
 loss falls far more slowly per epoch than SASRec's next-item loss, with no defect behind it. Two
 causes, measured one at a time: (1) the masks are redrawn every step, so each epoch's loss is taken
 on (input, target) pairs never seen before, where SASRec sees the same pairs every epoch and can

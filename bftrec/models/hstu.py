@@ -29,7 +29,7 @@ Initialisation and eps as the reference: item embeddings truncated N(0, init_std
 (init_std = 0.02 there), position embeddings truncated N(0, 1/D) at ±2σ, ``W_uvqk`` N(0, init_std),
 ``rab`` tables N(0, init_std), ``f2`` Xavier-uniform weight and PyTorch's default bias; LN1 and LN2
 eps 1e-6. At init ``m`` is tiny (per-token Var_D(m) ~1e-8 on MovieLens windows, against eps 1e-6;
-``scripts/hstu_init_stats.py``), so LN2 starts as a gain ``~1/sqrt(eps)`` rather than a
+``results/diag/hstu_init_stats.py``), so LN2 starts as a gain ``~1/sqrt(eps)`` rather than a
 normaliser, in the reference as here.
 
 Deviations from the reference implementation, each deliberate:
