@@ -2,8 +2,12 @@
 
 1. this model file: a config dataclass, a native block and the model, registered by name;
 2. one import line (in ``bftrec/models/__init__.py`` for a real backbone; here the contract test
-   loads this file under a scoped registry, ``tests/test_contract.py::toy_factory``);
+   loads this file under a scoped registry, ``tests/test_contract.py::toy_cls``);
 3. one yaml, ``tests/configs/model/toy.yaml``, keys exactly the dataclass fields.
+
+``tests/test_add_a_backbone.py`` also follows the doc to the letter with this file: in a copy of the
+repository it becomes ``bftrec/models/toy.py``, gets the doc's import line and its yaml in ``configs/model/``,
+and the contract and loss suites, ruff and ``bftrec-train model=toy debug=smoke`` must pass.
 
 The model: item + position embeddings, ``n_layers`` causal mean-pooling blocks built through the
 single swap point ``build_stack``, a final LayerNorm and an output layer tied to the item embeddings.
@@ -35,6 +39,8 @@ class ToyConfig:
     loss: str = "ce"           # ce | bce | sampled_softmax
     n_negatives: int = 8       # negatives for sampled_softmax
     init_std: float = 0.02     # N(0, init_std) initialisation
+    ce_chunk: int = 128        # positions per chunk of the full softmax (0 = one (P, N) block)
+    negatives_per: str = "batch"  # sampled softmax: one negative draw per batch | position
 
 
 class ToyBlock(nn.Module):
@@ -84,14 +90,15 @@ class ToyBackbone(SeqRecModel):
         L = item_seq.shape[1]
         pos = torch.arange(self.cfg.max_len - L, self.cfg.max_len, device=item_seq.device)  # (L,)
         h = self.drop(self.item_emb(item_seq) + self.pos_emb(pos)[None]) * item_seq.ne(0).unsqueeze(-1)
-        h = self.stack(h, item_seq, build_masks(item_seq, causal=True), mech=mech)
+        h = self.stack(h, item_seq, build_masks(item_seq, causal=True), mech=mech, tau_input=self.item_emb)
         return self.final_ln(h)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
         seq = batch["seq"]  # (B, L + 1)
         inputs, targets = seq[:, :-1], seq[:, 1:] * seq[:, :-1].ne(0)  # (B, L) each
         return next_item_loss(self.encode(inputs), targets, self.item_emb.weight, self.cfg.loss,
-                              self.cfg.n_negatives, self.n_items)
+                              self.cfg.n_negatives, self.n_items, ce_chunk=self.cfg.ce_chunk,
+                              negatives_per=self.cfg.negatives_per)
 
     def score_items(self, batch: dict) -> torch.Tensor:
         return full_scores(self.encode(batch["item_seq"])[:, -1], self.item_emb.weight, self.n_items)
