@@ -311,6 +311,11 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         device: torch.device, max_len: int, seed: int, extra_state: Optional[dict] = None) -> FitResult:
     """Train ``model`` on ``data`` (a ``SeqData``) and keep the best checkpoint in ``out_dir``.
 
+    The loop, step by step: check the settings, build the training windows and the optimizer, then either
+    resume from ``last.pt`` (``_resume``) or calibrate BFT's s₀² on the first batch (``_start``); per epoch,
+    ``_train_epoch``, then (every ``eval_every`` epochs and at the last) ``_validate`` keeps the best
+    checkpoint; ``_save_progress`` writes ``history.csv`` and ``last.pt``; ``_early_stop`` ends the loop.
+
     Writes ``checkpoint.pt`` (best weights + ``extra_state``), ``last.pt`` (resume state) and
     ``history.csv`` (per evaluation: epoch, loss, valid metrics, seconds).
     Raises:
@@ -324,143 +329,38 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     check_windows_model(cfg.train_windows, model)
     if cfg.tensorboard:
         check_available()
-    amp = cfg.amp and device.type == "cuda"
     opt = _optimizer(model, cfg)
     tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
     log.info("%d training windows of %d items (trainer.train_windows=%s)", len(tw), max_len + 1, cfg.train_windows)
-    lengths = tw.lengths()  # (W,)
-    rank, world = (torch.distributed.get_rank() if _distributed() else 0), world_size()
-    runner: nn.Module = _LossModule(model)
-    if world > 1:
-        # A BFT stack's last-layer process noise Q feeds no loss term (its λ'' is never used)
-        plain = isinstance(getattr(model, "stack", None), Stack)
-        runner = nn.parallel.DistributedDataParallel(runner, find_unused_parameters=not plain)
-
+    runner = _loss_runner(model)
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
              "initial_gain": None, "data": data_identity(data)}
     first = tw.first(cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
-        last = Path(cfg.resume) / "last.pt"
-        if not last.exists():
-            raise ConfigError(f"trainer.resume={cfg.resume}: no last.pt there; point it at a run directory")
-        ck = load_checkpoint(last, device, ("model", "optimizer", "state", "generator", "torch_rng"),
-                             "delete it to restart the run from epoch 1 (or resume another run directory)")
-        differs = other_data(ck["state"].get("data"), state["data"])
-        if differs:  # issue 50: epoch 1 on one file and epoch 2 on another is never one run
-            raise ConfigError(f"trainer.resume={cfg.resume}: the {differs} ({last}); point BFTREC_DATA_ROOT (or "
-                              "data_root) at the data the run trained on, or start a new run")
-        load_weights(model, ck, last, "resume with the run's own config (trainer.resume reads its config.yaml)")
-        opt.load_state_dict(ck["optimizer"])
-        state = {**ck["state"], "data": state["data"]}  # a last.pt older than the data record gets it now
-        gen.set_state(ck["generator"].cpu())  # CPU RNG states: map_location moved them to a GPU run's device
-        torch.set_rng_state(ck["torch_rng"].cpu())
-        log.info("resumed from %s at epoch %d", last, state["epoch"])
-        best_ck = Path(cfg.resume) / "checkpoint.pt"
-        if best_ck.exists():  # the best epoch may precede the resume: it must be readable
-            load_checkpoint(best_ck, device, fix=f"its best epoch {state['best_epoch']} is lost; rerun without "
-                            "trainer.resume")
-        if is_main() and best_ck.exists() and best_ck.resolve() != (out_dir / "checkpoint.pt").resolve():
-            shutil.copy2(best_ck, out_dir / "checkpoint.pt")  # the best epoch may precede the resume
+        state = _resume(Path(cfg.resume), model, opt, gen, state, device, out_dir)
     else:
-        model.calibrate(first)
-        state["initial_gain"] = mean_gain(model, first)
-        tau = getattr(getattr(model, "stack", None), "tau", None)  # BFT: τ's start, log n̄ included (BFT.md §7)
-        state["tau_start"] = tau.start_values().cpu().clone() if tau is not None else None
-
+        _start(model, first, state)
     curves = Curves.open(cfg.tensorboard and is_main(), out_dir)  # opt-in TensorBoard curves
-    steps = cfg.max_steps_per_epoch or None
-    first_loss: Optional[float] = None  # divergence reference until the first epoch's mean exists
-    params = [p for p in model.parameters() if p.requires_grad]
-    def early_stop(epoch: int) -> bool:
-        """After an evaluation before the last epoch: patience ran out, and min_epochs are done (a run that
-        reaches trainer.epochs did not stop early; a held-back run stops only on an evaluated epoch)."""
-        return (epoch % cfg.eval_every == 0 and epoch < cfg.epochs and state["bad"] >= cfg.patience
-                and epoch >= cfg.min_epochs)
-
-    def save_history() -> None:  # atomic: a job killed mid-save leaves the previous file intact
-        with atomic(out_dir / "history.csv") as tmp:
-            pd.DataFrame(state["history"]).to_csv(tmp, index=False)
-
     # a resumed run that had stopped early stays stopped, unless the settings now hold it back (as they would
     # have held an unbroken run)
-    stopped = early_stop(state["epoch"])
-    last_epoch = state["epoch"] if stopped else cfg.epochs
-    for epoch in range(state["epoch"] + 1, last_epoch + 1):
+    stopped = _early_stop(cfg, state, state["epoch"])
+    for epoch in range(state["epoch"] + 1, (state["epoch"] if stopped else cfg.epochs) + 1):
         t0 = time.time()
-        model.train()
-        batches = epoch_batches(lengths, cfg.batch_size, gen, rank, world, cfg.length_bucketing)
-        total, count = 0.0, 0
-        # disable=None: tqdm draws only on a terminal (no bar in logs, pipes or CI)
-        bar = tqdm(batches[:steps], desc=f"epoch {epoch}", leave=False,
-                   disable=None if cfg.progress and is_main() else True)
-        for step, idx in enumerate(bar):
-            batch = tw.batch(idx)  # (B, L + 1)
-            if "time" in batch:
-                seq, tim = trim_left(batch["seq"], batch["time"])  # (B, L') with L' the batch's longest
-                batch = {"seq": seq, "time": tim}
-            else:
-                batch = {"seq": trim_left(batch["seq"])}
-            if cfg.train_windows == "prefixes":
-                batch["last_target_only"] = True
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                loss = runner(batch)
-            value = loss.item()
-            ref = state["history"][0]["loss"] if state["history"] else (first_loss or value)
-            first_loss = first_loss or value
-            if not math.isfinite(value):
-                raise ValueError(f"non-finite training loss {value} at epoch {epoch}, step {step}; lower "
-                                 f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
-            if cfg.divergence_factor and value > cfg.divergence_factor * ref:
-                raise ValueError(f"training diverged at epoch {epoch}, step {step}: loss {value:.4g} is "
-                                 f"{value / ref:.3g}x the first {'epoch' if state['history'] else 'step'}'s "
-                                 f"{ref:.4g} (trainer.divergence_factor={cfg.divergence_factor:g}); lower "
-                                 f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            else:
-                norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            if not torch.isfinite(norm):
-                raise ValueError(f"non-finite gradient norm at epoch {epoch}, step {step} (loss {value:.4g}); "
-                                 f"lower trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; "
-                                 f"{_last_good(out_dir, state)}")
-            opt.step()
-            total, count = total + value, count + 1
-            bar.set_postfix(loss=f"{total / count:.4f}")
-        row = {"epoch": epoch, "loss": total / max(count, 1), "train_seconds": time.time() - t0}
+        row = {"epoch": epoch, "loss": _train_epoch(runner, model, opt, tw, gen, cfg, epoch, state, out_dir, device),
+               "train_seconds": time.time() - t0}
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            t1 = time.time()
-            try:
-                table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
-                                   max_len, data.train_counts(), eval_cfg, device)
-            except ValueError as e:  # a non-finite score: name the epoch and what is kept
-                raise ValueError(f"validation after epoch {epoch}: {e}; {_last_good(out_dir, state)}") from None
-            valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
-            row.update({f"valid_{k}": v for k, v in valid.items() if k != "n_users"})
-            row["eval_seconds"] = time.time() - t1
-            score = valid[cfg.select_metric]
-            if score > state["best"]:
-                state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)
-                if is_main():
-                    with atomic(out_dir / "checkpoint.pt") as tmp:
-                        torch.save({"model": model.state_dict(), "epoch": epoch, "tau_start": state.get("tau_start"),
-                                    "data": state["data"], **(extra_state or {})}, tmp)
-            else:
-                state["bad"] += 1
+            row.update(_validate(model, data, cfg, eval_cfg, device, max_len, epoch, state, out_dir, extra_state))
             log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],
-                     cfg.select_metric, score, state["best"], state["best_epoch"], time.time() - t0)
+                     cfg.select_metric, row[f"valid_{cfg.select_metric}"], state["best"], state["best_epoch"],
+                     time.time() - t0)
         state["history"].append(row)
         state["epoch"] = epoch
         if curves is not None:
             curves.epoch(epoch, row, mean_gain(model, first), model)
-        if is_main():  # atomic writes: a job killed mid-save leaves the previous file intact
-            save_history()
-            with atomic(out_dir / "last.pt") as tmp:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
-                            "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
-        if early_stop(epoch):
+        if is_main():
+            _save_progress(out_dir, model, opt, gen, state)
+        if _early_stop(cfg, state, epoch):
             log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
                      cfg.select_metric, state["bad"])
             stopped = True
@@ -468,8 +368,164 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     if curves is not None:
         curves.close()
     if is_main() and state["history"] and not (out_dir / "history.csv").exists():  # resumed with nothing to train
-        save_history()
+        _save_history(out_dir, state)
     if state["best_epoch"] < 0:
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,
                      state.get("initial_gain"), first, state.get("tau_start"))
+
+
+def _loss_runner(model: nn.Module) -> nn.Module:
+    """The module a training step calls: the model's loss, wrapped in DDP when several processes train."""
+    runner: nn.Module = _LossModule(model)
+    if world_size() > 1:
+        # A BFT stack's last-layer process noise Q feeds no loss term (its λ'' is never used)
+        plain = isinstance(getattr(model, "stack", None), Stack)
+        runner = nn.parallel.DistributedDataParallel(runner, find_unused_parameters=not plain)
+    return runner
+
+
+def _resume(run: Path, model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, state: dict,
+            device: torch.device, out_dir: Path) -> dict:
+    """Load ``run/last.pt`` into the model, optimizer and both RNGs; returns its state (epoch, best, history, ...).
+
+    Raises:
+        ConfigError: no ``last.pt``, an unreadable one or an unreadable ``checkpoint.pt`` beside it, or a
+            ``last.pt`` trained on other data (the fingerprints differ).
+    """
+    last = run / "last.pt"
+    if not last.exists():
+        raise ConfigError(f"trainer.resume={run}: no last.pt there; point it at a run directory")
+    ck = load_checkpoint(last, device, ("model", "optimizer", "state", "generator", "torch_rng"),
+                         "delete it to restart the run from epoch 1 (or resume another run directory)")
+    differs = other_data(ck["state"].get("data"), state["data"])
+    if differs:  # issue 50: epoch 1 on one file and epoch 2 on another is never one run
+        raise ConfigError(f"trainer.resume={run}: the {differs} ({last}); point BFTREC_DATA_ROOT (or "
+                          "data_root) at the data the run trained on, or start a new run")
+    load_weights(model, ck, last, "resume with the run's own config (trainer.resume reads its config.yaml)")
+    opt.load_state_dict(ck["optimizer"])
+    state = {**ck["state"], "data": state["data"]}  # a last.pt older than the data record gets it now
+    gen.set_state(ck["generator"].cpu())  # CPU RNG states: map_location moved them to a GPU run's device
+    torch.set_rng_state(ck["torch_rng"].cpu())
+    log.info("resumed from %s at epoch %d", last, state["epoch"])
+    best_ck = run / "checkpoint.pt"
+    if best_ck.exists():  # the best epoch may precede the resume: it must be readable
+        load_checkpoint(best_ck, device, fix=f"its best epoch {state['best_epoch']} is lost; rerun without "
+                        "trainer.resume")
+    if is_main() and best_ck.exists() and best_ck.resolve() != (out_dir / "checkpoint.pt").resolve():
+        shutil.copy2(best_ck, out_dir / "checkpoint.pt")  # the best epoch may precede the resume
+    return state
+
+
+def _start(model: nn.Module, first: dict, state: dict) -> None:
+    """A fresh run: calibrate (BFT: s₀² on the first batch, BFT.md §1) and record K and τ at the start."""
+    model.calibrate(first)
+    state["initial_gain"] = mean_gain(model, first)
+    tau = getattr(getattr(model, "stack", None), "tau", None)  # BFT: τ's start, log n̄ included (BFT.md §7)
+    state["tau_start"] = tau.start_values().cpu().clone() if tau is not None else None
+
+
+def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer, tw: TrainWindows,
+                 gen: torch.Generator, cfg: TrainerConfig, epoch: int, state: dict, out_dir: Path,
+                 device: torch.device) -> float:
+    """One pass over the training windows in ``gen``'s order; returns the mean training loss.
+
+    Raises:
+        ValueError: a non-finite loss or gradient norm, or a loss above ``divergence_factor`` x the first
+            epoch's mean (during the first epoch: its first step's loss), naming the epoch, step and fix.
+    """
+    model.train()
+    rank = torch.distributed.get_rank() if _distributed() else 0
+    batches = epoch_batches(tw.lengths(), cfg.batch_size, gen, rank, world_size(), cfg.length_bucketing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    amp = cfg.amp and device.type == "cuda"
+    total, count, first_loss = 0.0, 0, None  # first_loss: the divergence reference until an epoch's mean exists
+    # disable=None: tqdm draws only on a terminal (no bar in logs, pipes or CI)
+    bar = tqdm(batches[:cfg.max_steps_per_epoch or None], desc=f"epoch {epoch}", leave=False,
+               disable=None if cfg.progress and is_main() else True)
+    for step, idx in enumerate(bar):
+        batch = tw.batch(idx)  # (B, L + 1)
+        if "time" in batch:
+            seq, tim = trim_left(batch["seq"], batch["time"])  # (B, L') with L' the batch's longest
+            batch = {"seq": seq, "time": tim}
+        else:
+            batch = {"seq": trim_left(batch["seq"])}
+        if cfg.train_windows == "prefixes":
+            batch["last_target_only"] = True
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = runner(batch)
+        value = loss.item()
+        ref = state["history"][0]["loss"] if state["history"] else (first_loss or value)
+        first_loss = first_loss or value
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite training loss {value} at epoch {epoch}, step {step}; lower "
+                             f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
+        if cfg.divergence_factor and value > cfg.divergence_factor * ref:
+            raise ValueError(f"training diverged at epoch {epoch}, step {step}: loss {value:.4g} is "
+                             f"{value / ref:.3g}x the first {'epoch' if state['history'] else 'step'}'s "
+                             f"{ref:.4g} (trainer.divergence_factor={cfg.divergence_factor:g}); lower "
+                             f"trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; {_last_good(out_dir, state)}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if not torch.isfinite(norm):
+            raise ValueError(f"non-finite gradient norm at epoch {epoch}, step {step} (loss {value:.4g}); "
+                             f"lower trainer.lr (now {cfg.lr:g}) or set trainer.grad_clip; "
+                             f"{_last_good(out_dir, state)}")
+        opt.step()
+        total, count = total + value, count + 1
+        bar.set_postfix(loss=f"{total / count:.4f}")
+    return total / max(count, 1)
+
+
+def _validate(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, device: torch.device,
+              max_len: int, epoch: int, state: dict, out_dir: Path, extra_state: Optional[dict]) -> dict:
+    """Full-ranking validation; a better ``select_metric`` updates ``state`` and writes ``checkpoint.pt``.
+    Returns the history columns ``valid_<metric>`` and ``eval_seconds``.
+
+    Raises:
+        ValueError: a non-finite score, naming the epoch and what is kept.
+    """
+    t1 = time.time()
+    try:
+        table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
+                           max_len, data.train_counts(), eval_cfg, device)
+    except ValueError as e:  # a non-finite score: name the epoch and what is kept
+        raise ValueError(f"validation after epoch {epoch}: {e}; {_last_good(out_dir, state)}") from None
+    valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
+    row = {f"valid_{k}": v for k, v in valid.items() if k != "n_users"}
+    row["eval_seconds"] = time.time() - t1
+    score = valid[cfg.select_metric]
+    if score > state["best"]:
+        state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)
+        if is_main():
+            with atomic(out_dir / "checkpoint.pt") as tmp:
+                torch.save({"model": model.state_dict(), "epoch": epoch, "tau_start": state.get("tau_start"),
+                            "data": state["data"], **(extra_state or {})}, tmp)
+    else:
+        state["bad"] += 1
+    return row
+
+
+def _early_stop(cfg: TrainerConfig, state: dict, epoch: int) -> bool:
+    """After an evaluation before the last epoch: patience ran out, and min_epochs are done (a run that
+    reaches trainer.epochs did not stop early; a held-back run stops only on an evaluated epoch)."""
+    return (epoch % cfg.eval_every == 0 and epoch < cfg.epochs and state["bad"] >= cfg.patience
+            and epoch >= cfg.min_epochs)
+
+
+def _save_history(out_dir: Path, state: dict) -> None:
+    with atomic(out_dir / "history.csv") as tmp:  # atomic: a job killed mid-save leaves the previous file intact
+        pd.DataFrame(state["history"]).to_csv(tmp, index=False)
+
+
+def _save_progress(out_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator,
+                   state: dict) -> None:
+    """``history.csv`` and ``last.pt`` (weights, optimizer, state, both RNGs), each written atomically."""
+    _save_history(out_dir, state)
+    with atomic(out_dir / "last.pt") as tmp:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "state": state,
+                    "generator": gen.get_state(), "torch_rng": torch.get_rng_state()}, tmp)
