@@ -21,6 +21,11 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 log = logging.getLogger(__name__)
 
+# The Hydra config tree: package data ``bftrec/configs`` (in the checkout a link to the top-level configs/),
+# found as ``pkg://bftrec.configs`` in an editable install, a wheel and a PYTHONPATH checkout alike.
+CONFIG_PKG = "bftrec.configs"
+CONFIG_DIR = str(Path(__file__).resolve().parent / "configs")
+
 
 class ConfigError(ValueError):
     """A one-line configuration error: names the key or value and the fix."""

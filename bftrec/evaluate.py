@@ -29,16 +29,9 @@ from omegaconf import OmegaConf
 from bftrec.config import ConfigError, EvalConfig, load_run_config, unknown_key
 from bftrec.data.datasets import data_identity, identity_of_stats, other_data
 from bftrec.evaluation import check_candidates, check_n_bins
-from bftrec.train import (
-    build,
-    default_threads,
-    evaluate_test,
-    fresh_dir,
-    one_line_errors,
-    protocol_block,
-    typed_groups,
-    write_outputs,
-)
+from bftrec.experiment import build, default_threads, evaluate_test, protocol_block, typed_groups, write_outputs
+from bftrec.rundir import fresh_dir
+from bftrec.train import one_line_errors
 from bftrec.trainer import (
     load_checkpoint,
     load_weights,

@@ -227,7 +227,7 @@ def append_ledger(path: Path, record: dict) -> None:
 
 def training_segments(log: Path) -> list[tuple[int, str]]:
     """(first epoch, device type) of each process that trained a run, in order, read from its
-    ``train.log``: ``bftrec.train.run`` logs ``... items, device <type>`` before training, and
+    ``train.log``: ``bftrec.experiment.run`` logs ``... items, device <type>`` before training, and
     ``bftrec.trainer.fit`` logs ``resumed from ... at epoch N`` when it resumes (first epoch N + 1).
     [] without a log. A run resumed on another machine has several segments."""
     segments: list[tuple[int, str]] = []

@@ -31,8 +31,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from bftrec.experiment import device_name
 from bftrec.grid import sweep_axes
-from bftrec.train import device_name
 from bftrec.trainer import resolve_device
 
 REPO = Path(__file__).resolve().parent.parent

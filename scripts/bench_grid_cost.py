@@ -37,8 +37,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from bftrec.experiment import device_name
 from bftrec.grid import AXES, sweep_axes
-from bftrec.train import device_name, override_key
+from bftrec.rundir import override_key
 
 REPO = Path(__file__).resolve().parent.parent
 

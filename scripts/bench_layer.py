@@ -58,12 +58,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bftrec.experiment import device_name  # noqa: E402
 from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
 from bftrec.layers.bft import BFTHLayerConfig, BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
 from bftrec.models.sasrec_bft import BFTSASRecBlock  # noqa: E402
-from bftrec.train import device_name  # noqa: E402
 
 SPORTS_ITEMS = 18357
 LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout": 0.2}

@@ -36,8 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bftrec.experiment import CODE_STATE, cpu_name  # noqa: E402
 from bftrec.models import base  # noqa: E402
-from bftrec.train import CODE_STATE, cpu_name  # noqa: E402
 
 # (dataset, items N, HSTU width D): items from ../shared/data/README.md, D from configs/tuned/<dataset>_hstu.yaml
 SIZES = [("ml-100k", 1349, 50), ("ml-1m", 3706, 50), ("instruments", 9922, 64), ("toys", 11924, 64),

@@ -79,11 +79,11 @@ from torch import nn
 from bftrec.config import EvalConfig, TrainerConfig, merge_schema
 from bftrec.data.datasets import dataset_config, load_dataset
 from bftrec.evaluation import rank_users
+from bftrec.experiment import CODE_STATE, cpu_name
 from bftrec.layers import LAYER_CONFIGS
 from bftrec.metrics import summarize
 from bftrec.models import DataInfo
 from bftrec.models.sasrec import SASRec, SASRecConfig
-from bftrec.train import CODE_STATE, cpu_name
 from bftrec.trainer import fit, seed_everything
 
 REPO = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ class Bftrec:
             self.tc.train_windows = "prefixes"
         mc = merge_schema(SASRecConfig, {**{k: hp[k] for k in HP_KEYS if k in SASRecConfig.__dataclass_fields__},
                                          "loss": "ce"}, "model")
-        seed_everything(seed, False)  # as bftrec.train.train_and_test: seed, then build the model
+        seed_everything(seed, False)  # as bftrec.experiment.train_and_test: seed, then build the model
         info = DataInfo(n_items=data.n_items, train_counts=data.train_counts(), has_timestamps=False)
         self.model = SASRec(mc, LAYER_CONFIGS["standard"](), info)
         self.rng = torch.get_rng_state()  # the first epoch starts from it, as in a bftrec-train run

@@ -65,8 +65,9 @@ def build(variant: str, threads: int):
     """(model, data, trainer config, seed) at the tuned Sports config; ``variant`` picks the CE head."""
     from hydra import compose, initialize_config_dir
 
-    from bftrec.train import CONFIG_DIR, typed_groups
-    from bftrec.train import build as build_model
+    from bftrec.config import CONFIG_DIR
+    from bftrec.experiment import build as build_model
+    from bftrec.experiment import typed_groups
 
     torch.set_num_threads(threads)
     over = OVERRIDES + [f"trainer.num_threads={threads}"] + (["model.ce_chunk=0"] if variant != "chunked" else [])
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _cpu_name() -> str:
-    from bftrec.train import device_name
+    from bftrec.experiment import device_name
 
     return device_name(torch.device("cpu"))
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
+from bftrec.experiment import run
 from bftrec.mechanism import aggregate_mechanism
 from bftrec.report import ablation
-from bftrec.train import run
 from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bftrec.beyond import gini, list_metrics
-from bftrec.train import run
+from bftrec.experiment import run
 from tests.test_train_e2e import smoke_cfg
 
 

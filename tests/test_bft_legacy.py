@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 
 from bftrec.config import ConfigError, load_run_config, merge_schema, upgrade_legacy_layer
 from bftrec.evaluate import rescore
+from bftrec.experiment import run
 from bftrec.grid import prepare_cell
 from bftrec.layers import LAYER_CONFIGS, StandardLayerConfig
 from bftrec.layers.bft import BFTLayerConfig
 from bftrec.models import MODELS
-from bftrec.train import run
 from tests.test_contract import data_info
 from tests.test_train_e2e import smoke_cfg
 

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bftrec.train import CONFIG_DIR
+from bftrec.config import CONFIG_DIR
 
 CASES = {  # name: overrides of `bftrec-train debug=smoke`
     "typo": ["trainer.epoch=3"],

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bftrec.evaluate import rescore
+from bftrec.experiment import run
 from bftrec.models import MODELS
-from bftrec.train import run
 from tests.test_contract import Factory, batches, contract_params
 from tests.test_train_e2e import smoke_cfg
 

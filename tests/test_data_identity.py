@@ -9,8 +9,8 @@ from bftrec.config import ConfigError
 from bftrec.data.config import DatasetConfig
 from bftrec.data.datasets import data_identity, load_dataset, other_data
 from bftrec.evaluate import rescore
+from bftrec.experiment import run
 from bftrec.report import tables
-from bftrec.train import run
 from tests.test_train_e2e import smoke_cfg
 
 

@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bftrec.config import ConfigError
+from bftrec.config import CONFIG_DIR, ConfigError
+from bftrec.experiment import run, typed_groups
 from bftrec.grid import append_ledger, cell_lock, check_tuned, config_diff, prepare_cell, sweep_axes
-from bftrec.train import CONFIG_DIR, run, typed_groups
 from tests.test_train_e2e import smoke_cfg
 
 GRIDS = {"main": 108, "cpu": 108, "main_units": 9}

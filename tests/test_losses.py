@@ -178,8 +178,8 @@ def test_ce_chunk_default_is_the_measured_one(name: str) -> None:
     """Dataclass, model yaml and ``CE_CHUNK`` (chosen by scripts/bench_train.py) agree."""
     from omegaconf import OmegaConf
 
+    from bftrec.config import CONFIG_DIR
     from bftrec.models.base import CE_CHUNK
-    from bftrec.train import CONFIG_DIR
 
     yaml = OmegaConf.load(f"{CONFIG_DIR}/model/{name}.yaml")
     assert MODELS.get(name).Config().ce_chunk == yaml.ce_chunk == CE_CHUNK
@@ -270,7 +270,7 @@ def test_every_backbone_passes_negatives_per(name: str, layer: str) -> None:
     """Each backbone's training loss, standard or BFT, changes with ``negatives_per`` (the key is not ignored)."""
     from omegaconf import OmegaConf
 
-    from bftrec.train import CONFIG_DIR
+    from bftrec.config import CONFIG_DIR
 
     cls = MODELS.get(name)
     assert cls.Config().negatives_per == OmegaConf.load(f"{CONFIG_DIR}/model/{name}.yaml").negatives_per == "batch"

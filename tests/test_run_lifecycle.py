@@ -9,12 +9,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from bftrec import train as train_mod
-from bftrec.config import ConfigError
+from bftrec import experiment as experiment_mod
+from bftrec import rundir
+from bftrec.config import CONFIG_DIR, ConfigError
 from bftrec.evaluate import rescore
+from bftrec.experiment import run
 from bftrec.grid import cell_lock
 from bftrec.models.sasrec import SASRec
-from bftrec.train import CONFIG_DIR, run
 from tests.test_train_e2e import smoke_cfg
 
 
@@ -104,7 +105,7 @@ def test_model_config_is_checked_before_data_and_files(tmp_path, monkeypatch, ov
     def no_data(*a, **k):
         raise AssertionError("the dataset was loaded before the model config was checked")
 
-    monkeypatch.setattr(train_mod, "load_dataset", no_data)
+    monkeypatch.setattr(experiment_mod, "load_dataset", no_data)
     (tmp_path / "run").mkdir()  # as Hydra leaves it
     with pytest.raises(ConfigError, match=message):
         run(smoke_cfg(tmp_path, override), tmp_path / "run")
@@ -122,7 +123,7 @@ def test_refused_directory_of_a_finished_run_is_not_marked_failed(tmp_path):
 # --- 6. run directories are unique and locked ----------------------------------------------------
 
 def test_default_run_dirs_of_one_second_differ(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_mod, "_stamp", lambda: "20250101-000000")
+    monkeypatch.setattr(rundir, "stamp", lambda: "20250101-000000")
     dirs = []
     for _ in range(2):  # Hydra resolves hydra.run.dir once per process
         cfg = cli_cfg(tmp_path, f"out_root={tmp_path}/runs")
@@ -141,7 +142,7 @@ def test_composing_a_grid_leaves_no_empty_run_folders(tmp_path):
     import subprocess
     import sys
 
-    code = (f"from bftrec import train as t\n"
+    code = (f"from bftrec import rundir as t\n"
             f"from hydra import compose, initialize_config_dir\n"
             f"with initialize_config_dir(config_dir={CONFIG_DIR!r}, version_base='1.3'):\n"
             f"    compose('train', overrides=['experiment=paper/cpu', 'dataset=office'])\n"

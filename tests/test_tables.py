@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bftrec.experiment import run
 from bftrec.report import runs as rr
 from bftrec.report import same, tables
-from bftrec.train import run
 from tests.test_train_e2e import smoke_cfg
 
 REPO = Path(__file__).resolve().parent.parent

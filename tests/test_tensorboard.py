@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 
 from bftrec.config import ConfigError
-from bftrec.train import run
+from bftrec.experiment import run
 from tests.test_train_e2e import smoke_cfg
 
 

@@ -10,9 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from bftrec.config import ConfigError
+from bftrec.config import CONFIG_DIR, ConfigError
 from bftrec.evaluate import rescore
-from bftrec.train import CONFIG_DIR, run
+from bftrec.experiment import run
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -122,14 +122,14 @@ def test_bad_window_settings_fail_in_one_line(over, message):
 
 @pytest.mark.parametrize("override", ["trainer.train_windows=all", "trainer.train_window_stride=13"])
 def test_bad_window_settings_fail_before_data_is_loaded(tmp_path, monkeypatch, override):
-    import bftrec.train
+    import bftrec.experiment
 
     def no_data(*a, **k):
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr(bftrec.train, "load_dataset", no_data)
+    monkeypatch.setattr(bftrec.experiment, "load_dataset", no_data)
     with pytest.raises(ConfigError, match="train_window"):
-        bftrec.train.run(smoke_cfg(tmp_path, override), tmp_path / "run")
+        bftrec.experiment.run(smoke_cfg(tmp_path, override), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
@@ -147,7 +147,7 @@ def test_every_backbone_trains_on_sliding_windows(tmp_path, model, layer):
 
 
 def run_cfg(tmp_path, over):
-    from bftrec.train import run
+    from bftrec.experiment import run
 
     return run(smoke_cfg(tmp_path, *over), tmp_path / "run")
 
@@ -198,11 +198,11 @@ def test_last_target_only_scores_the_last_column_alone(name):
 
 
 def test_prefixes_refused_for_bert4rec_before_data_is_loaded(tmp_path, monkeypatch):
-    import bftrec.train
+    import bftrec.experiment
 
-    monkeypatch.setattr(bftrec.train, "load_dataset", lambda *a, **k: pytest.fail("data was loaded"))
+    monkeypatch.setattr(bftrec.experiment, "load_dataset", lambda *a, **k: pytest.fail("data was loaded"))
     with pytest.raises(ConfigError, match="prefixes needs a next-item backbone") as e:
-        bftrec.train.run(smoke_cfg(tmp_path, "model=bert4rec", "trainer.train_windows=prefixes"), tmp_path / "run")
+        bftrec.experiment.run(smoke_cfg(tmp_path, "model=bert4rec", "trainer.train_windows=prefixes"), tmp_path / "run")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
 
 

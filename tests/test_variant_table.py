@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from bftrec.experiment import run
 from bftrec.report import variants
-from bftrec.train import run
 from tests.test_train_e2e import smoke_cfg
 
 

@@ -241,7 +241,7 @@ def load_dataset(cfg: Union[DatasetConfig, DictConfig, dict], data_root: Optiona
     """
     cfg = to_dataset_config(cfg, where=f"dataset config {getattr(cfg, 'name', '?')!r}")
     data = _load_clean(cfg, data_root, cache_dir, use_cache)
-    seed = 0 if cfg.inject_seed is None else cfg.inject_seed  # bftrec.train.build passes the run's seed
+    seed = 0 if cfg.inject_seed is None else cfg.inject_seed  # bftrec.experiment.build passes the run's seed
     data = inject_random_items(data, cfg.inject_rate, seed)  # identity at rate 0 (the default)
     data.stats["fingerprint"] = data_fingerprint(data)
     return data

@@ -185,7 +185,7 @@ def default_config(dataset: str, model: str, layer: str) -> dict:
     from omegaconf import OmegaConf
 
     from bftrec.config import ConfigError
-    from bftrec.train import typed_groups
+    from bftrec.experiment import typed_groups
 
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -204,7 +204,9 @@ def schema_config(model: str, layer: str) -> dict:
     """{dotted key: schema default} of a cell's typed groups (``bftrec.config.schema_defaults``): what
     a key meant in a run written before the key existed, the rule of ``bftrec.grid.config_diff``
     (a new key's default is the behaviour from before it). {} for a name no longer registered."""
-    from bftrec.train import LAYER_CONFIGS, MODELS, run_schema_defaults  # bftrec.train registers every layer
+    from bftrec.experiment import run_schema_defaults
+    from bftrec.layers import LAYER_CONFIGS
+    from bftrec.models import MODELS  # bftrec.train registers every layer
 
     if model not in MODELS or layer not in LAYER_CONFIGS:
         return {}

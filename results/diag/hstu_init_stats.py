@@ -14,7 +14,8 @@ import json
 import torch
 from hydra import compose, initialize_config_dir
 
-from bftrec.train import CONFIG_DIR, build, typed_groups
+from bftrec.config import CONFIG_DIR
+from bftrec.experiment import build, typed_groups
 from bftrec.trainer import train_window_set
 
 

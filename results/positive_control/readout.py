@@ -34,9 +34,9 @@ from sklearn.metrics import roc_auc_score
 from bftrec.config import load_run_config
 from bftrec.data.batches import loo_split, windows
 from bftrec.data.synthetic import generate_with_truth
+from bftrec.experiment import build, typed_groups
 from bftrec.layers import masked_softmax
 from bftrec.report.stats import mde_seeds, seed_t_p, seed_user_ci
-from bftrec.train import build, typed_groups
 from bftrec.trainer import load_checkpoint, load_weights
 
 log = logging.getLogger("positive_control")

@@ -54,7 +54,7 @@ def composed_max_len(dataset: str) -> int:
     model's defaults, composed by Hydra as a run composes it."""
     from hydra import compose, initialize_config_dir
 
-    from bftrec.train import CONFIG_DIR
+    from bftrec.config import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return int(compose("train", overrides=[f"dataset={dataset}", "model=sasrec"]).model.max_len)

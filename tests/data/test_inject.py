@@ -53,7 +53,7 @@ def test_a_rate_out_of_range_fails_in_one_line_naming_it(clean, rate):
 
 
 def test_the_rate_reaches_metrics_json(tmp_path):
-    from bftrec.train import run
+    from bftrec.experiment import run
     from tests.test_train_e2e import smoke_cfg
 
     run(smoke_cfg(tmp_path, "dataset.inject_rate=0.2", "dataset.inject_seed=3"), tmp_path / "run")
@@ -63,7 +63,7 @@ def test_the_rate_reaches_metrics_json(tmp_path):
 
 def test_the_injection_seed_defaults_to_the_runs_seed(tmp_path):
     """dataset.inject_seed: null (the default): each training seed draws its own injected data."""
-    from bftrec.train import run
+    from bftrec.experiment import run
     from tests.test_train_e2e import smoke_cfg
 
     run(smoke_cfg(tmp_path, "dataset.inject_rate=0.2", "seed=1"), tmp_path / "run")
