@@ -32,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from bftrec.config import ConfigError, EvalConfig, TrainerConfig, check_choice
-from bftrec.data.batches import check_train_windows, train_window_bounds, trim_left, windows
+from bftrec.data.batches import check_train_windows, loo_split, train_window_bounds, trim_left, windows
 from bftrec.data.datasets import data_identity, other_data
 from bftrec.evaluation import rank_users
 from bftrec.grid import atomic
@@ -326,6 +326,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             ``checkpoint.pt`` then keep the last good epoch.
     """
     check_trainer_config(cfg, eval_cfg, max_len)
+    if not getattr(model, "trainable", True):
+        return _count(model, data, cfg, eval_cfg, out_dir, device, max_len, extra_state)
     check_windows_model(cfg.train_windows, model)
     if cfg.tensorboard:
         check_available()
@@ -373,6 +375,28 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         raise ValueError("no validation ran; set trainer.eval_every <= trainer.epochs")
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], stopped,
                      state.get("initial_gain"), first, state.get("tau_start"))
+
+
+def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path, device: torch.device,
+           max_len: int, extra_state: Optional[dict]) -> FitResult:
+    """A statistical model (``trainable = False``: ``pop``, ``markov``): ``fit_statistics`` once on every user's
+    training items (those before the validation target), validation scored once, ``checkpoint.pt`` and
+    ``history.csv`` written as for one epoch (its loss is NaN: nothing is optimised). Deterministic: the seed
+    changes nothing."""
+    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
+             "initial_gain": None, "data": data_identity(data)}
+    t0 = time.time()
+    split = loo_split(data.items, data.offsets, "valid")
+    model.fit_statistics(data.items, split.start, split.end)
+    row = {"epoch": 1, "loss": math.nan, "train_seconds": time.time() - t0}
+    row.update(_validate(model, data, cfg, eval_cfg, device, max_len, 1, state, out_dir, extra_state))
+    state["history"].append(row)
+    state["epoch"] = 1
+    if is_main():
+        _save_history(out_dir, state)
+    log.info("counted in %.1fs (no training): valid %s %.4f", row["train_seconds"], cfg.select_metric,
+             row[f"valid_{cfg.select_metric}"])
+    return FitResult(state["best_epoch"], state["best_valid"], state["history"], False, None, None, None)
 
 
 def _loss_runner(model: nn.Module) -> nn.Module:

@@ -61,8 +61,8 @@ NO_GRAD_OK = {
 # ----------------------------------------------------------------------------------------------
 # data and model factories
 # ----------------------------------------------------------------------------------------------
-def data_info(has_timestamps: bool = True, n_items: int = N_ITEMS) -> DataInfo:
-    counts = np.random.default_rng(0).integers(1, 20, n_items + 1).astype(np.int64)
+def data_info(has_timestamps: bool = True, n_items: int = N_ITEMS, seed: int = 0) -> DataInfo:
+    counts = np.random.default_rng(seed).integers(1, 20, n_items + 1).astype(np.int64)
     counts[0] = 0
     return DataInfo(n_items=n_items, train_counts=counts, has_timestamps=has_timestamps)
 
@@ -89,8 +89,24 @@ def _calibrate(model, train: dict) -> None:
     torch.set_rng_state(rng)
 
 
+def training_sequences(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a statistical model counts (``fit_statistics``): 20 users' training items, 3 to 12 each, as flat
+    (nnz,) int64 ids with (U,) int64 start and end bounds; the seed changes the items."""
+    rng = np.random.default_rng(100 + seed)
+    lengths = rng.integers(3, 13, 20)
+    end = np.cumsum(lengths)
+    return rng.integers(1, N_ITEMS + 1, int(end[-1])).astype(np.int64), end - lengths, end
+
+
+def is_trainable(model) -> bool:
+    """False for a statistical model (``pop``, ``markov``): it counts (``fit_statistics``) instead of training,
+    so the checks of a training step (loss, gradients, overfitting, trimming) do not apply to it."""
+    return getattr(model, "trainable", True)
+
+
 class Factory:
-    """``factory(seed=0, **overrides)`` -> a tiny, calibrated model of one backbone x layer."""
+    """``factory(seed=0, **overrides)`` -> a tiny, calibrated model of one backbone x layer; a statistical model
+    is counted instead, on ``training_sequences(seed)`` with training counts drawn from ``seed``."""
 
     def __init__(self, model_cls: type, layer: str, has_timestamps: bool = True, **overrides) -> None:
         self.model_cls, self.layer, self.has_timestamps = model_cls, layer, has_timestamps
@@ -99,6 +115,10 @@ class Factory:
     def __call__(self, seed: int = 0, **overrides):
         torch.manual_seed(seed)
         cfg = self.model_cls.Config(**{**self.overrides, **overrides})
+        if not getattr(self.model_cls, "trainable", True):
+            model = self.model_cls(cfg, LAYER_CONFIGS[self.layer](), data_info(self.has_timestamps, seed=seed))
+            model.fit_statistics(*training_sequences(seed))
+            return model
         model = self.model_cls(cfg, LAYER_CONFIGS[self.layer](), data_info(self.has_timestamps))
         _calibrate(model, batches()[0])
         return model
@@ -138,11 +158,14 @@ def check_shapes(factory: Callable) -> None:
     with torch.no_grad():
         h = model.encode(score["item_seq"], score["time"])
         s = model.score_items(score)
-    assert h.shape == (BATCH, MAX_LEN, model.cfg.d_model) and h.is_floating_point()
-    assert torch.isfinite(h).all()
     assert s.shape == (BATCH, N_ITEMS + 1) and s.dtype == torch.float32
     assert torch.isneginf(s[:, 0]).all(), "column 0 (padding) must be -inf"
     assert torch.isfinite(s[:, 1:]).all(), "every item column must be finite"
+    if not is_trainable(model):  # no hidden states, no loss: (B, L, 0) and nothing to train
+        assert h.shape == (BATCH, MAX_LEN, 0)
+        return
+    assert h.shape == (BATCH, MAX_LEN, model.cfg.d_model) and h.is_floating_point()
+    assert torch.isfinite(h).all()
     loss = model.train().training_loss(train)
     assert loss.dim() == 0 and torch.isfinite(loss)
 
@@ -156,6 +179,8 @@ def check_no_nan_on_padding(factory: Callable) -> None:
         assert torch.isfinite(model.encode(score["item_seq"], score["time"])).all()
         s = model.score_items(score)
     assert torch.isfinite(s[:, 1:]).all() and torch.isneginf(s[:, 0]).all()
+    if not is_trainable(model):
+        return
     train = {k: torch.cat([torch.zeros_like(v[:1]), v]) for k, v in train.items()}  # (B + 1, L + 1)
     model.train()
     loss = model.training_loss(train)
@@ -213,6 +238,8 @@ def check_trim_invariance(factory: Callable) -> None:
     """The training loss is the same on a batch whose common left padding is trimmed (as the trainer
     does, ``bftrec.data.batches.trim_left``), with the same RNG state and no dropout."""
     train, _ = batches()
+    if not is_trainable(factory()):
+        pytest.skip("a statistical model has no training loss to trim")
     train = {k: v[2:] for k, v in train.items()}  # rows of length 5, 2, 1 -> 4 all-padding columns
     trimmed = {k: v[:, 4:] for k, v in train.items()}
     assert trimmed["seq"][:, 0].ne(0).any() and train["seq"][:, :4].eq(0).all()
@@ -235,6 +262,9 @@ def check_gradients(factory: Callable) -> None:
 
     train, _ = batches()
     model = factory().train()
+    if not is_trainable(model):
+        assert not list(model.parameters()), "a statistical model has buffers, not parameters"
+        return
     model.training_loss(train).backward()
     last = len(model.stack.blocks) - 1 if hasattr(model, "stack") else -1
     exempt = [re.compile(pat.replace("{last}", str(last))) for pat in NO_GRAD_OK]
@@ -251,7 +281,7 @@ def check_determinism(factory: Callable) -> None:
     for _ in range(2):
         model = factory(seed=3).train()
         torch.manual_seed(11)
-        loss = model.training_loss(train)
+        loss = model.training_loss(train) if is_trainable(model) else torch.zeros(())
         with torch.no_grad():
             out.append((loss.detach(), model.eval().score_items(score)))
     assert torch.equal(out[0][0], out[1][0])
@@ -262,6 +292,8 @@ def check_overfit(factory: Callable, steps: int = 100) -> None:
     """Adam on one fixed batch: the loss of the last 10 steps is < 50% of the first step's."""
     train, _ = batches()
     model = factory(dropout=0.0, attn_dropout=0.0).train()
+    if not is_trainable(model):
+        pytest.skip("a statistical model is counted, not optimised")
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)
     losses = []
@@ -279,9 +311,10 @@ def check_state_dict_round_trip(factory: Callable) -> None:
     """save -> a model built with another seed -> load -> identical scores (buffers included)."""
     train, score = batches()
     model = factory(seed=0).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model.training_loss(train).backward()  # also moves any running buffers (BFT s0²)
-    opt.step()
+    if is_trainable(model):  # a statistical model's buffers are its counts (seed 0's sequences)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.training_loss(train).backward()  # also moves any running buffers (BFT s0²)
+        opt.step()
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     other = factory(seed=1).eval()

@@ -10,5 +10,8 @@ from bftrec.layers import bft  # registers layer=bft and layer=bft_h (the twins 
 from bftrec.models import sasrec, sasrec_bft  # registers "sasrec" and its BFT twin
 from bftrec.models import bert4rec, bert4rec_bft  # registers "bert4rec" and its BFT twin
 from bftrec.models import hstu, hstu_bft  # registers "hstu" and its BFT twin
+from bftrec.models import gru4rec  # registers "gru4rec" (recurrent; no Transformer layers)
+from bftrec.models import pop  # registers "pop" (most popular; counted, not trained)
+from bftrec.models import markov  # registers "markov" (item transitions; counted, not trained)
 
 __all__ = ["MODELS", "DataInfo", "SeqRecModel"]

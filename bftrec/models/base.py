@@ -50,12 +50,25 @@ class SeqRecModel(nn.Module):
 
     Subclasses set ``Config`` (a dataclass), ``causal`` and implement the three contract methods.
     ``prefix_training``: ``training_loss`` honours ``batch["last_target_only"]`` (next-item backbones;
-    ``trainer.train_windows=prefixes`` needs it).
+    ``trainer.train_windows=prefixes`` needs it). ``trainable = False``: a statistical model (``pop``,
+    ``markov``) that counts instead of training: the trainer calls ``fit_statistics`` once on the training
+    sequences, scores validation once and keeps it (``bftrec.trainer.fit``); it has no ``training_loss``.
     """
 
     Config: type = object
     causal: bool = True
     prefix_training: bool = False
+    trainable: bool = True
+
+    def fit_statistics(self, items: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        """Statistical models only (``trainable = False``): count what the scores need from the training
+        sequences ``items[start[u]:end[u]]`` ((nnz,) int64 item ids; (U,) int64 bounds: each user's items before
+        the validation target).
+
+        Raises:
+            NotImplementedError: a trainable model (it learns through ``training_loss``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} is trained, not counted")
 
     def _init(self, m: nn.Module) -> None:
         """N(0, cfg.init_std) for Linear and Embedding weights, zero biases and padding rows."""
@@ -146,6 +159,18 @@ class SeqRecModel(nn.Module):
         with torch.no_grad():
             self.encode(batch["item_seq"], batch.get("time"), mech=mech)
         return score_position(mech)
+
+
+def check_standard_layer_only(name: str, layer_cfg) -> None:
+    """A model without Transformer layers (``pop``, ``markov``, ``gru4rec``): only ``layer=standard`` means anything.
+
+    Raises:
+        ConfigError: any other layer, in one line (its text says "not available", which the contract suite
+            reads as an expected failure, as for a backbone without a BFT twin).
+    """
+    if getattr(layer_cfg, "name", "standard") != "standard":
+        raise ConfigError(f"layer={layer_cfg.name} is not available for model={name}, which has no Transformer "
+                          "layers; use layer=standard")
 
 
 def check_common(cfg, n_items: int) -> None:
