@@ -171,7 +171,8 @@ def build(g: dict, device: torch.device) -> tuple:
     return data, counts, g["model_cls"](g["model"], g["layer"], info).to(device)
 
 
-def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] = None) -> dict:
+def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] = None,
+        on_validate=None) -> dict:
     """Train and evaluate one configuration; return the metrics dict (also written to metrics.json).
 
     Args:
@@ -182,6 +183,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             (created exclusively: ``_2``, ``_3``, ... on a collision).
         report: if given, receives ``status`` (ran, resumed or skipped; see ``bftrec.grid``) once the
             run has finished.
+        on_validate: ``(epoch, score)`` called after each validation (``bftrec-tune``'s pruning; it may raise
+            to stop the run, which then ends as a failed run with that reason).
     Raises:
         ConfigError: an unknown key or impossible setting (checked before any data is read or any
             file written); a directory held by another live job; with ``skip_finished``, a directory
@@ -240,7 +243,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
                     if root.print_config:
                         log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
                     log.info("run directory %s (composed config in config.yaml)", out_dir)
-                metrics = train_and_test(g, out_dir, device, resolved, started)
+                metrics = train_and_test(g, out_dir, device, resolved, started, on_validate)
     except KeyboardInterrupt as e:  # issue 50: one line with the resume command, not a traceback
         mark_failed(out_dir, e)
         raise Interrupted(resume_hint(out_dir)) from None
@@ -309,7 +312,8 @@ def check_model_config(mc, lc) -> None:
         check_bft_config(lc)
 
 
-def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict, started: float) -> dict:
+def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict, started: float,
+                   on_validate=None) -> dict:
     """The body of ``run``: build, fit to early stopping, score the test split at the best checkpoint."""
     root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
     torch.set_num_threads(tc.num_threads or default_threads())
@@ -325,7 +329,7 @@ def train_and_test(g: dict, out_dir: Path, device: torch.device, resolved: dict,
              n_params, data.n_users, data.n_items, device)
 
     result = fit(model, data, tc, ev, out_dir, device, mc.max_len, root.seed,
-                 extra_state={"config": resolved})
+                 extra_state={"config": resolved}, on_validate=on_validate)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # rank 0 has written the best checkpoint
     best = load_checkpoint(out_dir / "checkpoint.pt", device, ("model", "epoch"),

@@ -20,7 +20,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -308,7 +308,8 @@ def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
 
 
 def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,
-        device: torch.device, max_len: int, seed: int, extra_state: Optional[dict] = None) -> FitResult:
+        device: torch.device, max_len: int, seed: int, extra_state: Optional[dict] = None,
+        on_validate: Optional[Callable[[int, float], None]] = None) -> FitResult:
     """Train ``model`` on ``data`` (a ``SeqData``) and keep the best checkpoint in ``out_dir``.
 
     The loop, step by step: check the settings, build the training windows and the optimizer, then either
@@ -317,7 +318,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     checkpoint; ``_save_progress`` writes ``history.csv`` and ``last.pt``; ``_early_stop`` ends the loop.
 
     Writes ``checkpoint.pt`` (best weights + ``extra_state``), ``last.pt`` (resume state) and
-    ``history.csv`` (per evaluation: epoch, loss, valid metrics, seconds).
+    ``history.csv`` (per evaluation: epoch, loss, valid metrics, seconds). ``on_validate(epoch, score)`` is
+    called after each validation, once ``last.pt`` holds that epoch (``bftrec-tune`` prunes there).
     Raises:
         ConfigError: bad trainer settings, an unreadable ``last.pt`` / ``checkpoint.pt`` to resume from.
         ValueError: divergence: a non-finite loss or gradient norm, or a loss above
@@ -362,6 +364,8 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
             curves.epoch(epoch, row, mean_gain(model, first), model)
         if is_main():
             _save_progress(out_dir, model, opt, gen, state)
+        if on_validate is not None and f"valid_{cfg.select_metric}" in row:
+            on_validate(epoch, row[f"valid_{cfg.select_metric}"])
         if _early_stop(cfg, state, epoch):
             log.info("early stop at epoch %d: no better valid %s for %d evaluations", epoch,
                      cfg.select_metric, state["bad"])

@@ -1,0 +1,299 @@
+"""``bftrec-tune``: hyperparameter search with Optuna, over the same Hydra configs as ``bftrec-train``.
+
+    bftrec-tune --space transformer --trials 30 --layers standard,bft -- dataset=office model=sasrec \
+        trainer.device=cpu trainer.num_threads=1
+
+- The search space is a config group, ``configs/tune/<name>.yaml`` (``space``, plus ``bft_space`` for BFT
+  layers). Every trial composes ``train.yaml`` with the overrides after ``--`` and its sampled values, and is
+  a normal run directory (``<out>/<study>/trial<k>``), scored by ``bftrec.experiment.run``.
+- **Equal budgets:** ``--layers standard,bft`` runs one study per layer with the same number of trials, the
+  same sampler seed and the same space (plus BFT's knobs for BFT). The objective is validation
+  ``trainer.select_metric`` (NDCG@10); test is never looked at to choose.
+- Storage is SQLite (``<out>/<study>.db``) unless ``--storage`` gives a database URL: a killed study resumes
+  where it stopped, and several workers, on one machine or many (start the same command on each, e.g. with
+  ``srun`` or submitit), share one study. A trial in flight when a worker dies is failed once its heartbeat is
+  stale (``--grace`` seconds) and retried with the same values: a kill loses at most that trial.
+- Pruning: median pruner on the per-epoch validation metric.
+- Outputs per study: ``trials.csv``, ``best.yaml`` (a candidate ``configs/tuned/`` file), and the
+  optimisation-history and parameter-importance figures.
+
+Bad input fails before any trial, in one line: an unknown key, an empty or inverted range, a study resumed
+with another space.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from bftrec.config import CONFIG_DIR, ConfigError
+
+log = logging.getLogger("bftrec.tune")
+TYPES = ("float", "int", "categorical")
+BFT_LAYERS = ("bft", "bft_h")
+
+
+def parse_space(node: dict, where: str) -> dict[str, dict]:
+    """Check one space (``{key: {type, low, high, log} | {type: categorical, choices}}``) and return it.
+
+    Raises:
+        ConfigError: an unknown type, a missing or empty or inverted range, log with low <= 0, no choices;
+            one line naming ``where`` and the key.
+    """
+    out = {}
+    for key, spec in (node or {}).items():
+        if not isinstance(spec, dict) or spec.get("type") not in TYPES:
+            raise ConfigError(f"{where}: {key}: give type: one of {', '.join(TYPES)} (got {spec!r})")
+        if spec["type"] == "categorical":
+            if not spec.get("choices"):
+                raise ConfigError(f"{where}: {key}: a categorical parameter needs a non-empty choices list")
+        else:
+            if "low" not in spec or "high" not in spec:
+                raise ConfigError(f"{where}: {key}: give low and high")
+            low, high = spec["low"], spec["high"]
+            if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not low < high:
+                raise ConfigError(f"{where}: {key}: the range [{low}, {high}] is empty or inverted; give low < high")
+            if spec.get("log") and low <= 0:
+                raise ConfigError(f"{where}: {key}: log: true needs low > 0 (got {low})")
+            if spec["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
+                raise ConfigError(f"{where}: {key}: an int parameter needs integer bounds (got {low}, {high})")
+        out[key] = dict(spec)
+    return out
+
+
+def load_space(name: str, layer: str, config_dir: str = CONFIG_DIR) -> dict[str, dict]:
+    """The space of ``configs/tune/<name>.yaml`` (or a yaml path) for ``layer``: ``space`` + ``bft_space`` for BFT.
+
+    Raises:
+        ConfigError: no such file, or a bad entry (``parse_space``).
+    """
+    path = Path(name) if name.endswith(".yaml") else Path(config_dir) / "tune" / f"{name}.yaml"
+    if not path.exists():
+        have = sorted(p.stem for p in (Path(config_dir) / "tune").glob("*.yaml"))
+        raise ConfigError(f"--space {name}: no {path}; choose one of {', '.join(have)} or give a yaml path")
+    node = yaml.safe_load(path.read_text()) or {}
+    space = parse_space(node.get("space"), f"{path} space")
+    if layer in BFT_LAYERS:
+        space.update(parse_space(node.get("bft_space"), f"{path} bft_space"))
+    if not space:
+        raise ConfigError(f"{path}: the space is empty; give at least one parameter under space:")
+    return space
+
+
+def suggest(trial, space: dict[str, dict]) -> list[str]:
+    """One trial's sampled values as Hydra overrides (``trainer.lr=0.00031``), in the space's order."""
+    out = []
+    for key, s in space.items():
+        if s["type"] == "categorical":
+            v = trial.suggest_categorical(key, list(s["choices"]))
+        elif s["type"] == "int":
+            v = trial.suggest_int(key, int(s["low"]), int(s["high"]), log=bool(s.get("log")))
+        else:
+            v = trial.suggest_float(key, float(s["low"]), float(s["high"]), log=bool(s.get("log")))
+        out.append(f"{key}={v}")
+    return out
+
+
+def compose(overrides: list[str]):
+    """``train.yaml`` composed with ``overrides``, as bftrec-train composes it (no run directory is made).
+
+    Raises:
+        ConfigError: a key or group Hydra cannot compose (one line, ``bftrec.train.hydra_error_line``).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    from bftrec.train import hydra_error_line
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            return hydra_compose("train", overrides=overrides)
+    except HydraException as e:
+        raise ConfigError(hydra_error_line(e, overrides)) from None
+
+
+def check_space(base: list[str], space: dict[str, dict]) -> None:
+    """Before any trial: every key of the space composes and validates on top of ``base``, one key at a time, at
+    its lower bound (or first choice), so that the error names the key.
+
+    Raises:
+        ConfigError: ``search space: <key>: <why>``.
+    """
+    from bftrec.experiment import typed_groups
+
+    for key, s in space.items():
+        value = s["choices"][0] if s["type"] == "categorical" else s["low"]
+        try:
+            typed_groups(compose([*base, f"{key}={value}"]))
+        except ConfigError as e:
+            raise ConfigError(f"search space: {key}: {e}") from None
+
+
+def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: int, grace: int):
+    """Create or resume study ``name``; refuse one created with another space or other base overrides.
+
+    Raises:
+        ConfigError: the stored space or base overrides differ (one line with the fix).
+    """
+    import warnings
+
+    import optuna
+    from optuna import storages
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
+    retry = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback  # < 4.9
+    storage = storages.RDBStorage(storage_url, heartbeat_interval=max(1, grace // 3), grace_period=grace,
+                                  heartbeat_stale_trial_callback=retry(max_retry=2))
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=seed),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3))
+    want = {"space": json.dumps(space, sort_keys=True), "base": json.dumps(base)}
+    for key, value in want.items():
+        stored = study.user_attrs.get(key)
+        if stored is None:
+            study.set_user_attr(key, value)
+        elif stored != value:
+            raise ConfigError(f"study {name} ({storage_url}) was created with another {key} ({stored}); "
+                              f"resume it with the same --space and overrides, or start another --study")
+    return study
+
+
+def finished(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def objective(study_dir: Path, base: list[str], space: dict):
+    """The trial function: compose, run to early stopping with pruning, return validation select_metric."""
+    import optuna
+
+    from bftrec.experiment import run
+
+    def fn(trial) -> float:
+        cfg = compose([*base, *suggest(trial, space)])
+        metric = cfg.trainer.select_metric
+
+        def on_validate(epoch: int, score: float) -> None:
+            trial.report(score, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at epoch {epoch}: valid {metric} {score:.4f} below the median")
+
+        metrics = run(cfg, study_dir / f"trial{trial.number:03d}", on_validate=on_validate)
+        trial.set_user_attr("run_dir", str(study_dir / f"trial{trial.number:03d}"))
+        return float(metrics["valid"][metric])
+
+    return fn
+
+
+def write_outputs(study, study_dir: Path, space: dict) -> None:
+    """``trials.csv``, ``best.yaml`` (a candidate configs/tuned/ file) and the two figures of one study."""
+    import optuna
+
+    study.trials_dataframe().to_csv(study_dir / "trials.csv", index=False)
+    try:
+        best = study.best_trial
+    except ValueError:
+        log.warning("%s: no finished trial yet: no best.yaml or figures", study.study_name)
+        return
+    nested: dict = {}
+    for key, value in best.params.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    (study_dir / "best.yaml").write_text(
+        f"# @package _global_\n# Candidate for configs/tuned/ from bftrec-tune study {study.study_name}: best of "
+        f"{finished(study)} trials, trial {best.number}, validation value {best.value:.4f}.\n"
+        f"# Rerun it with several seeds before trusting it (the tuning saw one seed).\n"
+        + yaml.safe_dump(nested, sort_keys=False))
+    import warnings
+
+    from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+    ax = plot_optimization_history(study)
+    ax.figure.savefig(study_dir / "optimization_history.png", dpi=100, bbox_inches="tight")
+    if len(space) > 1 and finished(study) >= 2:
+        try:
+            ax = plot_param_importances(study)
+            ax.figure.savefig(study_dir / "param_importances.png", dpi=100, bbox_inches="tight")
+        except (RuntimeError, ValueError) as e:  # e.g. every trial with the same value
+            log.warning("%s: no importance figure (%s)", study.study_name, e)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
+    """Run (or resume) one study per layer of ``args.layers``; returns their folders."""
+    dirs = []
+    for layer in args.layers:
+        space = load_space(args.space, layer)
+        layer_base = [*base, f"layer={layer}"]
+        check_space(layer_base, space)
+        name = f"{args.study}_{layer}"
+        study_dir = args.out / name
+        study_dir.mkdir(parents=True, exist_ok=True)
+        url = args.storage or f"sqlite:///{(args.out / 'studies.db').resolve()}"
+        study = open_study(name, url, space, layer_base, args.seed, args.grace)
+        left = args.trials - finished(study)
+        log.info("study %s: %d of %d trials finished; %d to run", name, args.trials - max(left, 0), args.trials,
+                 max(left, 0))
+        if left > 0:
+            from optuna.study import MaxTrialsCallback
+            from optuna.trial import TrialState
+
+            study.optimize(objective(study_dir, layer_base, space), n_trials=left, catch=(),
+                           callbacks=[MaxTrialsCallback(args.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))])
+        write_outputs(study, study_dir, space)
+        dirs.append(study_dir)
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console script ``bftrec-tune``; everything after ``--`` are bftrec-train overrides."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(prog="bftrec-tune", description=__doc__.splitlines()[0])
+    ap.add_argument("--space", default="transformer", help="configs/tune/<name>.yaml or a yaml path")
+    ap.add_argument("--trials", type=int, default=30, help="finished trials per layer (a resumed study tops up)")
+    ap.add_argument("--layers", type=lambda s: [x for x in s.split(",") if x], default=["standard"],
+                    help="comma-separated layers, one study each, equal budgets (e.g. standard,bft)")
+    ap.add_argument("--study", help="study name prefix (default <dataset>_<model>)")
+    ap.add_argument("--out", type=Path, default=Path("results/tune"), help="folder of the studies and their runs")
+    ap.add_argument("--storage", help="database URL shared by workers (default sqlite:///<out>/studies.db)")
+    ap.add_argument("--seed", type=int, default=0, help="sampler seed (the same for every layer)")
+    ap.add_argument("--grace", type=int, default=120,
+                    help="seconds without a heartbeat before a dead worker's trial is failed and retried")
+    args = ap.parse_args(ours)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    if args.trials < 1:
+        ap.error(f"--trials {args.trials}: give at least 1")
+    if any(o.split("=")[0].lstrip("+") in ("layer", "hydra.sweeper.params") for o in base):
+        ap.error("set the layers with --layers, not layer= after --")
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        ap.error("bftrec-tune needs optuna: pip install optuna (or pip install -e .)")
+    try:
+        if not args.study:
+            cfg = compose(base)
+            args.study = f"{cfg.dataset.name}_{cfg.model.name}"
+        for d in tune(args, base):
+            log.info("study folder %s (trials.csv, best.yaml, figures)", d)
+    except ConfigError as e:
+        print(f"bftrec-tune: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""bftrec-tune: spaces checked before any trial, equal budgets per layer, a study that survives SIGKILL, pruning."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from bftrec.config import ConfigError  # noqa: E402
+from bftrec.tune import check_space, load_space, main, open_study, parse_space  # noqa: E402
+
+SMOKE = ["debug=smoke", "trainer.epochs=2", "trainer.device=cpu", "trainer.num_threads=1"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"trainer.lr": {"type": "float", "low": 0.01, "high": 0.001}}, "trainer.lr: the range .* is empty or inverted"),
+    ({"trainer.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}, "trainer.lr: log: true needs low > 0"),
+    ({"model.dropout": {"type": "uniform", "low": 0, "high": 1}}, "model.dropout: give type: one of float"),
+    ({"layer.tau.kind": {"type": "categorical", "choices": []}}, "layer.tau.kind: a categorical parameter needs"),
+    ({"model.n_layers": {"type": "int", "low": 1.5, "high": 3}}, "model.n_layers: an int parameter needs integer"),
+])
+def test_a_bad_range_is_one_line_naming_the_key(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_space(spec, "space")
+
+
+def test_bft_gets_the_shared_space_plus_its_own():
+    std, bft = load_space("transformer", "standard"), load_space("transformer", "bft")
+    assert set(std) < set(bft) and {k for k in bft if k.startswith("layer.")} == set(bft) - set(std)
+    with pytest.raises(ConfigError, match="--space nope: no .*choose one of transformer"):
+        load_space("nope", "standard")
+
+
+def test_an_unknown_key_fails_before_any_trial(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
+                   "  trainer.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n")
+    with pytest.raises(ConfigError, match="search space: trainer.lrr: .*trainer.lrr"):
+        check_space(SMOKE, load_space(str(bad), "standard"))
+    with pytest.raises(SystemExit) as e:  # the console path: one line, exit 2, no trial run
+        main(["--space", str(bad), "--trials", "1", "--out", str(tmp_path / "out"), "--", *SMOKE])
+    assert e.value.code == 2 and not list((tmp_path / "out").rglob("trial*"))
+
+
+def test_a_study_resumed_with_another_space_is_refused(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    space = load_space("transformer", "standard")
+    open_study("x", url, space, SMOKE, 0, 60)
+    open_study("x", url, space, SMOKE, 0, 60)  # the same space resumes
+    with pytest.raises(ConfigError, match="study x .*another space.*same --space and overrides, or start another"):
+        open_study("x", url, {**space, "model.d_model": {"type": "int", "low": 8, "high": 16}}, SMOKE, 0, 60)
+
+
+def test_equal_budgets_and_a_sigkill_loses_at_most_the_trial_in_flight(tmp_path):
+    """Two layers, 3 trials each; the worker is SIGKILLed during the standard study, then resumed: every study
+    ends with exactly 3 finished trials, the trials finished before the kill are kept, and the one in flight is
+    failed and retried with the same values. Each trial is a normal run directory."""
+    out = tmp_path / "tune"
+    cmd = [sys.executable, "-m", "bftrec.tune", "--trials", "3", "--layers", "standard,bft", "--out", str(out),
+           "--study", "t", "--grace", "2", "--", *SMOKE]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url, deadline = f"sqlite:///{out / 'studies.db'}", time.time() + 240
+    try:
+        while time.time() < deadline:  # kill once a trial has finished and the next one is running
+            time.sleep(0.2)
+            if not (out / "studies.db").exists():
+                continue
+            try:
+                trials = optuna.load_study(study_name="t_standard", storage=url).trials
+            except (KeyError, Exception):
+                continue
+            states = [t.state.name for t in trials]
+            if states.count("COMPLETE") >= 1 and states[-1] == "RUNNING":
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    before = optuna.load_study(study_name="t_standard", storage=url).trials
+    kept = {t.number for t in before if t.state.name == "COMPLETE"}
+    assert kept and before[-1].state.name == "RUNNING", [t.state.name for t in before]
+    time.sleep(3)  # past the grace period: the dead worker's trial is stale
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    studies = {layer: optuna.load_study(study_name=f"t_{layer}", storage=url) for layer in ("standard", "bft")}
+    for layer, study in studies.items():
+        done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+        assert len(done) == 3, (layer, [t.state.name for t in study.trials])
+        assert (out / f"t_{layer}" / "best.yaml").exists() and (out / f"t_{layer}" / "trials.csv").exists()
+    std = studies["standard"].trials
+    assert kept <= {t.number for t in std if t.state.name == "COMPLETE"}  # nothing finished was lost
+    failed = [t for t in std if t.state.name == "FAIL"]
+    assert len(failed) == 1 and any(t.params == failed[0].params and t.state.name == "COMPLETE" for t in std)
+    assert set(studies["bft"].best_params) - set(studies["standard"].best_params) == set(load_space(
+        "transformer", "bft")) - set(load_space("transformer", "standard"))
+    assert (out / "t_standard" / f"trial{min(kept):03d}" / "metrics.json").exists()  # a normal run directory
+
+
+def test_a_pruned_trial_stops_after_its_validation_and_says_why(tmp_path):
+    from bftrec.experiment import run
+    from tests.test_train_e2e import smoke_cfg
+
+    seen = []
+
+    def prune(epoch, score):
+        seen.append((epoch, score))
+        raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+
+    with pytest.raises(optuna.TrialPruned):
+        run(smoke_cfg(tmp_path, "trainer.epochs=3"), tmp_path / "trial", on_validate=prune)
+    assert len(seen) == 1 and seen[0][0] == 1 and 0 <= seen[0][1] <= 1  # epoch 1's validation NDCG@10
+    assert "pruned at epoch 1" in (tmp_path / "trial" / "FAILED").read_text()
+    assert not (tmp_path / "trial" / "metrics.json").exists() and (tmp_path / "trial" / "last.pt").exists()
