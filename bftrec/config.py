@@ -58,6 +58,10 @@ class TrainerConfig:
     train_window_stride: Optional[int] = None  # sliding: window ends S items apart (1..max_len); null = max_len
     divergence_factor: float = 100.0  # stop when a step's loss exceeds this x the first epoch's mean; 0 = off
     tensorboard: bool = False         # TensorBoard curves in <run dir>/tensorboard (the optional extra)
+    # fast paths (issue 49), off by default so that a rerun of a committed cell computes what it computed:
+    fused_optimizer: bool = False     # torch's fused Adam/AdamW kernel; a device without one fails in one line
+    dropout: str = "torch"            # torch (nn.Dropout) | mask (x * (U >= p) / (1 - p): same rate, other draws)
+    last_position_only: bool = False  # prefixes: the last block computes the last position alone (all the loss reads)
 
 
 @dataclass

@@ -81,6 +81,51 @@ def check_trainer_config(cfg: TrainerConfig, eval_cfg: EvalConfig, max_len: Opti
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise ConfigError(f"trainer.device={cfg.device!r} is not valid; use auto, cpu, cuda or cuda:N")
     check_train_windows(cfg.train_windows, cfg.train_window_stride, max_len)
+    check_choice(cfg.dropout, ("torch", "mask"), "trainer.dropout")
+    if cfg.last_position_only and cfg.train_windows != "prefixes":
+        raise ConfigError(f"trainer.last_position_only=true needs trainer.train_windows=prefixes (now "
+                          f"{cfg.train_windows}): only there does the loss read the last position alone")
+
+
+def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device) -> None:
+    """Refuse a fast path that this device or model cannot honour, in one line (never a silent fallback).
+
+    Raises:
+        ConfigError: ``trainer.fused_optimizer`` where torch has no fused Adam/AdamW for ``device``;
+            ``trainer.last_position_only`` on a model whose stack computes every position (BFT layers, GRU4Rec).
+    """
+    if cfg.fused_optimizer:
+        cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+        try:
+            cls([torch.zeros(1, device=device, requires_grad=True)], fused=True)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ConfigError(f"trainer.fused_optimizer=true: torch {torch.__version__} has no fused "
+                              f"{cfg.optimizer} on {device.type} ({str(e).splitlines()[0]}); drop the flag") from None
+    if cfg.last_position_only and not getattr(getattr(model, "stack", None), "last_only_training", False):
+        raise ConfigError(f"trainer.last_position_only=true: {type(model).__name__} with this layer computes every "
+                          "position in training (only the standard Transformer stack has a last-position path); "
+                          "drop the flag")
+
+
+class MaskDropout(nn.Dropout):
+    """``trainer.dropout=mask``: keep an element where U(0, 1) >= p and scale by 1 / (1 − p), one ``rand_like``
+    per call: the same keep rate 1 − p and expectation as ``nn.Dropout``, with other random draws."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+
+
+def use_mask_dropout(model: nn.Module) -> int:
+    """Switch every ``nn.Dropout`` of ``model`` to ``MaskDropout`` in place; returns how many (no parameters or
+    state change: a checkpoint loads either way)."""
+    n = 0
+    for m in model.modules():
+        if type(m) is nn.Dropout:
+            m.__class__ = MaskDropout
+            n += 1
+    return n
 
 
 def check_windows_model(mode: str, model) -> None:
@@ -303,8 +348,9 @@ def _last_good(out_dir: Path, state: dict) -> str:
 def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    fused = {"fused": True} if cfg.fused_optimizer else {}  # checked by check_fast_paths
     return cls(optimizer_param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay,  # τ: layer.tau.lr_scale
-               betas=tuple(cfg.betas))
+               betas=tuple(cfg.betas), **fused)
 
 
 def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,
@@ -331,8 +377,11 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     if not getattr(model, "trainable", True):
         return _count(model, data, cfg, eval_cfg, out_dir, device, max_len, extra_state)
     check_windows_model(cfg.train_windows, model)
+    check_fast_paths(cfg, model, device)
     if cfg.tensorboard:
         check_available()
+    if cfg.dropout == "mask":
+        log.info("trainer.dropout=mask: %d dropout modules draw U(0, 1) masks", use_mask_dropout(model))
     opt = _optimizer(model, cfg)
     tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
     log.info("%d training windows of %d items (trainer.train_windows=%s)", len(tw), max_len + 1, cfg.train_windows)
@@ -480,6 +529,7 @@ def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer
             batch = {"seq": trim_left(batch["seq"])}
         if cfg.train_windows == "prefixes":
             batch["last_target_only"] = True
+            batch["last_position_only"] = cfg.last_position_only
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = runner(batch)
         value = loss.item()

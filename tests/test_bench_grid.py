@@ -34,5 +34,5 @@ def test_grid_by_name_or_path_and_unknown_grid_lists_the_grids():
     bench = _bench()
     name, axes = bench.grid_axes("configs/experiment/paper/cpu.yaml")
     assert name == "cpu" and axes["seed"] == ["0", "1", "2"] and bench.grid_axes("main")[0] == "main"
-    with pytest.raises(SystemExit, match="choose one of cpu, main"):
+    with pytest.raises(SystemExit, match="no grid .nosuch.; choose one of .*cpu, main, main_units"):
         bench.grid_axes("nosuch")

@@ -67,6 +67,9 @@ def masked_softmax(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 class Stack(nn.Module):
     """A plain stack of native blocks: ``forward(h, items, masks, mech=None, **ctx) -> h``.
 
+    ``last_only_training``: ``last_only`` holds in training too (``trainer.last_position_only``: the loss reads
+    the last position alone); the BFT stack, which always computes every position, has no such path.
+
     ``items`` is unused here; the BFT stack reads it for the initial precision τ. ``mech`` and the
     context key ``tau_input`` (the item embedding for BFT's τ MLP) are accepted for interface parity and
     left untouched (no BFT mechanism in a standard stack); the other ``ctx`` keys go to every block.
@@ -76,6 +79,8 @@ class Stack(nn.Module):
     computes one query instead of L. A block without the option ignores it through ``**ctx``, and
     callers take ``[:, -1]`` either way. The BFT stack always returns (B, L, D).
     """
+
+    last_only_training = True
 
     def __init__(self, blocks: list[nn.Module]) -> None:
         super().__init__()

@@ -392,7 +392,9 @@ class HSTU(SeqRecModel):
         temperature: ``batch["seq"]`` (B, L + 1) int64, inputs seq[:, :-1], targets seq[:, 1:]."""
         inputs, targets = next_item_targets(batch["seq"], batch.get("last_target_only", False))  # (B, L) each
         time = batch.get("time")
-        h = self.encode(inputs, time[:, :-1] if time is not None else None)  # (B, L, D)
+        h = self.encode(inputs, time[:, :-1] if time is not None else None,
+                        last_only=batch.get("last_position_only", False))  # (B, L, D), or (B, 1, D): the last alone
+        targets = targets[:, -h.shape[1]:]  # (B, 1) under trainer.last_position_only
         return next_item_loss(h, targets, self.item_table(), self.cfg.loss, self.cfg.n_negatives,
                               self.n_items, temperature=self.cfg.temperature, ce_chunk=self.cfg.ce_chunk,
                               negatives_per=self.cfg.negatives_per)

@@ -245,7 +245,8 @@ class SASRec(SeqRecModel):
         ``batch["seq"]`` (B, L + 1) int64, inputs seq[:, :-1], targets seq[:, 1:]."""
         inputs, targets = next_item_targets(batch["seq"], batch.get("last_target_only", False))  # (B, L) each
         table = self.item_table()  # (N + 1, D): one draw for the input lookup and the output scores
-        h = self.encode(inputs, table=table)
+        h = self.encode(inputs, table=table, last_only=batch.get("last_position_only", False))  # (B, L or 1, D)
+        targets = targets[:, -h.shape[1]:]  # (B, 1) when the last block computed the last position alone
         return next_item_loss(h, targets, table, self.cfg.loss, self.cfg.n_negatives,
                               self.n_items, ce_chunk=self.cfg.ce_chunk,
                               negatives_per=self.cfg.negatives_per)

@@ -1,0 +1,106 @@
+"""The opt-in fast paths of the trainer (issue 49 item 2 and 3), each against its reference: the last-position
+encoder under prefixes, the mask dropout and the fused optimizer; a path the model or device cannot honour is
+refused in one line; metrics.json records which paths ran."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bftrec.config import ConfigError, EvalConfig, TrainerConfig
+from bftrec.experiment import run
+from bftrec.layers import LAYER_CONFIGS
+from bftrec.models import MODELS, DataInfo
+from bftrec.trainer import MaskDropout, check_fast_paths, check_trainer_config, use_mask_dropout
+from tests.test_train_e2e import smoke_cfg
+
+N, L = 40, 8
+TINY = dict(d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=L, dropout=0.0, attn_dropout=0.0, loss="ce")
+
+
+def _model(name: str, layer: str = "standard"):
+    torch.manual_seed(0)
+    cls = MODELS.get(name)
+    counts = np.arange(N + 1, dtype=np.int64)
+    info = DataInfo(n_items=N, train_counts=counts, has_timestamps=True)
+    return cls(cls.Config(**TINY), LAYER_CONFIGS[layer](), info)
+
+
+def _prefix_batch() -> dict:
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(1, N + 1, (6, L + 1), generator=g)
+    seq[3, :4] = 0  # left padding
+    seq[5, :7] = 0
+    time = (1_600_000_000 + torch.arange(L + 1).expand(6, -1) * 3600) * seq.ne(0)
+    return {"seq": seq, "time": time, "last_target_only": True}
+
+
+@pytest.mark.parametrize("name", ["sasrec", "hstu"])
+def test_last_position_only_gives_the_full_forwards_loss_and_gradients(name):
+    """Without dropout the last-position encoder is the same function of the weights: loss and every gradient
+    equal the full forward's to float32 rounding. With dropout the kept positions draw other masks (documented)."""
+    out = {}
+    for fast in (False, True):
+        model = _model(name).train()
+        loss = model.training_loss({**_prefix_batch(), "last_position_only": fast})
+        loss.backward()
+        out[fast] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    assert out[True][1].keys() == out[False][1].keys()
+    for n in out[False][1]:
+        torch.testing.assert_close(out[True][1][n], out[False][1][n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_a_fast_path_the_model_or_settings_cannot_honour_is_refused():
+    cfg = TrainerConfig(train_windows="prefixes", last_position_only=True)
+    check_fast_paths(cfg, _model("sasrec"), torch.device("cpu"))  # the standard stack has the path
+    for name, layer in (("sasrec", "bft"), ("gru4rec", "standard")):
+        with pytest.raises(ConfigError, match="trainer.last_position_only=true: .*computes every position"):
+            check_fast_paths(cfg, _model(name, layer), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="last_position_only=true needs trainer.train_windows=prefixes"):
+        check_trainer_config(TrainerConfig(last_position_only=True), EvalConfig())
+    with pytest.raises(ConfigError, match="trainer.dropout"):
+        check_trainer_config(TrainerConfig(dropout="fast"), EvalConfig())
+
+
+def test_mask_dropout_keeps_the_rate_and_the_expectation():
+    torch.manual_seed(0)
+    d = MaskDropout(0.3).train()
+    y = d(torch.ones(1_000_000))
+    kept = y.ne(0)
+    assert abs(kept.float().mean().item() - 0.7) < 0.003  # 6.5 binomial SDs: never fails by chance
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.7))  # the kept scaled by 1 / (1 - p)
+    assert torch.equal(d.eval()(torch.ones(5)), torch.ones(5)) and torch.equal(MaskDropout(0.0).train()(y), y)
+    model = _model("sasrec")
+    keys = set(model.state_dict())
+    n = sum(type(m) is nn.Dropout for m in model.modules())
+    assert use_mask_dropout(model) == n > 0 and not any(type(m) is nn.Dropout for m in model.modules())
+    assert set(model.state_dict()) == keys  # checkpoints load either way
+
+
+def test_fused_optimizer_takes_the_same_steps_or_is_refused():
+    cfg = TrainerConfig(fused_optimizer=True)
+    try:
+        check_fast_paths(cfg, _model("sasrec"), torch.device("cpu"))
+    except ConfigError as e:
+        assert "trainer.fused_optimizer=true: torch" in str(e) and "drop the flag" in str(e)
+        return
+    params = {}
+    for fused in (False, True):
+        model = _model("sasrec").train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, fused=fused)
+        for _ in range(5):
+            opt.zero_grad()
+            model.training_loss(_prefix_batch()).backward()
+            opt.step()
+        params[fused] = [p.detach().clone() for p in model.parameters()]
+    for a, b in zip(params[False], params[True]):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3)  # Adam amplifies rounding near 0 grads
+
+
+def test_metrics_json_records_the_fast_paths(tmp_path):
+    run(smoke_cfg(tmp_path, "trainer.dropout=mask", "trainer.train_windows=prefixes",
+                  "trainer.last_position_only=true"), tmp_path / "run")
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["fast_paths"] == {"fused_optimizer": False, "dropout": "mask", "last_position_only": True}
