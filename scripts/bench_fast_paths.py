@@ -1,0 +1,112 @@
+"""CPU time of a training step under each opt-in fast path of the trainer (issue 49 items 2 and 3). Never a test.
+
+SASRec on Amazon Sports at its tuned config (``configs/tuned/sports_sasrec.yaml``: CE, ``prefixes``), CPU, one
+thread. The same ``--steps`` batches of epoch 1 (the trainer's ``prefixes`` windows in its batch order, left
+padding trimmed) run under five settings, in ``--rounds`` interleaved rounds so that a drift of the machine
+load hits every setting alike:
+
+- ``reference``: the defaults (full forward, ``nn.Dropout``, Adam's foreach kernel);
+- ``last_position_only``, ``dropout=mask``, ``fused_optimizer``: one path each;
+- ``all``: the three together.
+
+Each setting has its own model and optimizer, built from the same seed. Time is the process CPU time of zero_grad,
+loss, backward and the optimizer step (``time.process_time``: one thread, so another job on the machine moves it
+little); the JSON gives per setting the median over rounds of the CPU seconds per step and its ratio to
+``reference`` measured in the same round. Peak memory is not compared here (one process holds all five).
+
+Usage (needs ``$BFTREC_DATA_ROOT`` holding Amazon Sports)::
+
+    BFTREC_DATA_ROOT=/work/shared/data .venv/bin/python scripts/bench_fast_paths.py --steps 20 --rounds 3
+
+Writes ``results/bench/fast_paths_cpu.json`` (or ``--out``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bftrec.data.batches import trim_left  # noqa: E402
+from bftrec.trainer import _optimizer, check_fast_paths, epoch_batches, train_window_set, use_mask_dropout  # noqa: E402
+
+SETTINGS = {
+    "reference": [],
+    "last_position_only": ["trainer.last_position_only=true"],
+    "dropout_mask": ["trainer.dropout=mask"],
+    "fused_optimizer": ["trainer.fused_optimizer=true"],
+    "all": ["trainer.last_position_only=true", "trainer.dropout=mask", "trainer.fused_optimizer=true"],
+}
+BASE = ["dataset=sports", "model=sasrec", "trainer.device=cpu", "trainer.num_threads=1"]
+
+
+def build(extra: list[str]):
+    """(model, optimizer, trainer config, data) of one setting, seeded as the trainer seeds a run."""
+    from hydra import compose, initialize_config_dir
+
+    from bftrec.config import CONFIG_DIR
+    from bftrec.experiment import build as build_model
+    from bftrec.experiment import typed_groups
+    from bftrec.trainer import seed_everything
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        g = typed_groups(compose("train", overrides=BASE + extra))
+    seed_everything(g["root"].seed, False)
+    data, _, model = build_model(g, torch.device("cpu"))
+    tc = g["trainer"]
+    check_fast_paths(tc, model, torch.device("cpu"))
+    if tc.dropout == "mask":
+        use_mask_dropout(model)
+    return model.train(), _optimizer(model, tc), tc, data, g["model"].max_len
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per setting and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "fast_paths_cpu.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    runs = {name: build(extra) for name, extra in SETTINGS.items()}
+    _, _, tc, data, max_len = runs["reference"]
+    assert tc.train_windows == "prefixes", "the tuned Sports SASRec config trains on prefixes"
+    tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows)
+    order = epoch_batches(tw.lengths(), tc.batch_size, torch.Generator().manual_seed(0), 0, 1, tc.length_bucketing)
+    batches = [{"seq": trim_left(tw.batch(i)["seq"]), "last_target_only": True} for i in order[: args.steps + 1]]
+    per_round: dict = {name: [] for name in SETTINGS}
+    for _ in range(args.rounds):
+        for name, (model, opt, t, _, _) in runs.items():
+            cpu = 0.0
+            for k, b in enumerate(batches):
+                c0 = time.process_time()
+                loss = model.training_loss({**b, "last_position_only": t.last_position_only})
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss.item()
+                if k:  # the first batch of a round warms up
+                    cpu += time.process_time() - c0
+            per_round[name].append(cpu / args.steps)
+    ratio = {n: [a / b for a, b in zip(v, per_round["reference"])] for n, v in per_round.items()}
+    out = {"command": "python scripts/bench_fast_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "setting": "sports SASRec tuned (CE, prefixes), CPU, 1 thread, process CPU time per step",
+           "torch": torch.__version__, "steps": args.steps, "rounds": args.rounds,
+           "cpu_s_per_step": {n: statistics.median(v) for n, v in per_round.items()},
+           "ratio_to_reference": {n: statistics.median(v) for n, v in ratio.items()},
+           "per_round_cpu_s_per_step": per_round,
+           "mean_targets_per_step": float(np.mean([b["seq"].shape[0] for b in batches[1:]]))}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out["ratio_to_reference"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
