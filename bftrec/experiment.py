@@ -305,9 +305,11 @@ def check_model_config(mc, lc) -> None:
     """The backbone's shared checks and the BFT layer's, before any data is read: one-line ConfigError.
     (Checks that need the data, such as ``n_negatives`` < the number of items, run when it is built.)"""
     from bftrec.layers.bft import BFTLayerConfig, check_bft_config
-    from bftrec.models.base import check_common
+    from bftrec.models.base import check_common, check_standard_layer_only
 
     check_common(mc, sys.maxsize)
+    if getattr(MODELS.get(mc.name), "standard_layer_only", False):  # pop, markov, gru4rec: no Transformer layers
+        check_standard_layer_only(mc.name, lc)
     if isinstance(lc, BFTLayerConfig):
         check_bft_config(lc)
 

@@ -211,8 +211,10 @@ def write_outputs(study, study_dir: Path, space: dict) -> None:
     (study_dir / "best.yaml").write_text(
         f"# @package _global_\n# Candidate for configs/tuned/ from bftrec-tune study {study.study_name}: best of "
         f"{finished(study)} trials, trial {best.number}, validation value {best.value:.4f}.\n"
-        f"# Rerun it with several seeds before trusting it (the tuning saw one seed).\n"
-        + yaml.safe_dump(nested, sort_keys=False))
+        f"# Rerun it with several seeds before trusting it (the tuning saw one seed). Tuned on top of: "
+        f"{' '.join(json.loads(study.user_attrs.get('base', '[]')))}\n"
+        + yaml.safe_dump(nested, sort_keys=False)
+        + f"tuned_config: {study.study_name}   # rename to <dataset>_<model> when it goes to configs/tuned/\n")
     import warnings
 
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
@@ -263,7 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console script ``bftrec-tune``; everything after ``--`` are bftrec-train overrides."""
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, base = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(prog="bftrec-tune", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bftrec-tune", description=__doc__.splitlines()[0],
+                                 usage="bftrec-tune [options] -- <bftrec-train overrides, e.g. dataset=office>",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--space", default="transformer", help="configs/tune/<name>.yaml or a yaml path")
     ap.add_argument("--trials", type=int, default=30, help="finished trials per layer (a resumed study tops up)")
     ap.add_argument("--layers", type=lambda s: [x for x in s.split(",") if x], default=["standard"],
@@ -274,8 +278,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="sampler seed (the same for every layer)")
     ap.add_argument("--grace", type=int, default=120,
                     help="seconds without a heartbeat before a dead worker's trial is failed and retried")
+    ap.add_argument("--verbose", action="store_true",
+                    help="log every trial's epochs and run summary (default: the study's progress only)")
     args = ap.parse_args(ours)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    quiet, level = logging.getLogger("bftrec"), logging.getLogger("bftrec").level
+    if not args.verbose:  # a trial's run summary shows test numbers: tuning must not be steered by them
+        quiet.setLevel(logging.WARNING)
+        log.setLevel(logging.INFO)
     if args.trials < 1:
         ap.error(f"--trials {args.trials}: give at least 1")
     if any(o.split("=")[0].lstrip("+") in ("layer", "hydra.sweeper.params") for o in base):
@@ -293,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"bftrec-tune: error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        quiet.setLevel(level)
 
 
 if __name__ == "__main__":

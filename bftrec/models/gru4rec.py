@@ -71,6 +71,7 @@ class GRU4Rec(SeqRecModel):
     Config = GRU4RecConfig
     causal = True
     prefix_training = True
+    standard_layer_only = True  # no Transformer layers: refused before any data is read
 
     def __init__(self, cfg: GRU4RecConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()

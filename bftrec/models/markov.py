@@ -76,6 +76,7 @@ class Markov(SeqRecModel):
     Config = MarkovConfig
     causal = True
     trainable = False
+    standard_layer_only = True  # no Transformer layers: refused before any data is read
 
     def __init__(self, cfg: MarkovConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()

@@ -56,6 +56,7 @@ class Pop(SeqRecModel):
     Config = PopConfig
     causal = True
     trainable = False
+    standard_layer_only = True  # no Transformer layers: refused before any data is read
 
     def __init__(self, cfg: PopConfig, layer_cfg, info: DataInfo) -> None:
         super().__init__()

@@ -230,6 +230,8 @@ def curves_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
     panels: dict[tuple, list] = {}
     standard_first = lambda kv: (kv[0][:3], kv[0][3] != "standard", kv[0][3])  # noqa: E731
     for (ds, model, tag, layer), rs in sorted(groups.items(), key=standard_first):
+        if rs[0].get("n_parameters") == 0:  # a counted model (pop, markov): one validation, no training curve
+            continue
         hs = [h for r in sorted(rs, key=lambda r: r["seed"]) if (h := history(r)) is not None]
         if hs:
             panels.setdefault((ds, model), []).append((layer + (f" [{tag}]" if tag else ""), hs))
