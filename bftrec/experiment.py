@@ -200,14 +200,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             cfg = resume_config(cfg, overrides)
         else:
             check_dataset_name(cfg, choices, overrides)
-        g = typed_groups(cfg)
-        root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
-        if not 0 <= root.seed <= SEED_MAX:  # numpy would fail later, after the run directory exists
-            raise ConfigError(f"seed={root.seed} must be an integer in [0, {SEED_MAX}]; e.g. seed=0")
-        check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
-        check_windows_model(tc.train_windows, MODELS.get(mc.name))
-        check_model_config(mc, lc)
-        check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
+        g = check_config(cfg)
+        root, ds, mc, lc, tc = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"]
     except BaseException as e:
         if out_dir is not None:  # the CLI's run dir exists already (Hydra's .hydra/ and train.log)
             mark_failed(Path(out_dir), e)
@@ -257,6 +251,24 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     return metrics
+
+
+def check_config(cfg: DictConfig) -> dict:
+    """Every check that needs no data: the typed groups (``typed_groups``), the seed, the trainer, the training
+    windows against the backbone, the model and layer, the tuned file; returns the typed groups.
+
+    Raises:
+        ConfigError: the first problem, in one line.
+    """
+    g = typed_groups(cfg)
+    root, ds, mc, lc, tc, ev = g["root"], g["dataset"], g["model"], g["layer"], g["trainer"], g["eval"]
+    if not 0 <= root.seed <= SEED_MAX:  # numpy would fail later, after the run directory exists
+        raise ConfigError(f"seed={root.seed} must be an integer in [0, {SEED_MAX}]; e.g. seed=0")
+    check_trainer_config(tc, ev, mc.max_len)  # before any data is read, any file written or any epoch spent
+    check_windows_model(tc.train_windows, MODELS.get(mc.name))
+    check_model_config(mc, lc)
+    check_tuned(root.tuned_config, ds.name, mc.name, root.require_tuned)
+    return g
 
 
 def _hydra_choices() -> dict:

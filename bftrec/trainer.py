@@ -108,13 +108,15 @@ def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device)
 
 
 class MaskDropout(nn.Dropout):
-    """``trainer.dropout=mask``: keep an element where U(0, 1) >= p and scale by 1 / (1 − p), one ``rand_like``
-    per call: the same keep rate 1 − p and expectation as ``nn.Dropout``, with other random draws."""
+    """``trainer.dropout=mask``: keep an element where U(0, 1) >= p and scale by 1 / (1 − p), one float32 draw
+    per element (in bfloat16 the draws are too coarse and the rate drifts): the same keep rate 1 − p and
+    expectation as ``nn.Dropout``, with other random draws."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+        keep = torch.rand(x.shape, device=x.device, dtype=torch.float32) >= self.p  # float32: bf16 draws bias the rate
+        return x * keep * (1.0 / (1.0 - self.p))
 
 
 def use_mask_dropout(model: nn.Module) -> int:
@@ -436,6 +438,11 @@ def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out
     training items (those before the validation target), validation scored once, ``checkpoint.pt`` and
     ``history.csv`` written as for one epoch (its loss is NaN: nothing is optimised). Deterministic: the seed
     changes nothing."""
+    flags = [f for f, on in (("fused_optimizer", cfg.fused_optimizer), ("dropout=mask", cfg.dropout == "mask"),
+                              ("last_position_only", cfg.last_position_only), ("tensorboard", cfg.tensorboard)) if on]
+    if flags:
+        raise ConfigError(f"{type(model).__name__} is counted, not trained: trainer.{', trainer.'.join(flags)} "
+                          "would do nothing; drop it")
     state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
              "initial_gain": None, "data": data_identity(data)}
     t0 = time.time()

@@ -45,15 +45,23 @@ def parse_space(node: dict, where: str) -> dict[str, dict]:
             one line naming ``where`` and the key.
     """
     out = {}
+    if node is not None and not isinstance(node, dict):
+        raise ConfigError(f"{where}: a mapping of keys to {{type, low, high}} is needed, got {type(node).__name__}")
     for key, spec in (node or {}).items():
         if not isinstance(spec, dict) or spec.get("type") not in TYPES:
             raise ConfigError(f"{where}: {key}: give type: one of {', '.join(TYPES)} (got {spec!r})")
         if spec["type"] == "categorical":
-            if not spec.get("choices"):
+            if not isinstance(spec.get("choices"), list) or not spec["choices"]:
                 raise ConfigError(f"{where}: {key}: a categorical parameter needs a non-empty choices list")
         else:
             if "low" not in spec or "high" not in spec:
                 raise ConfigError(f"{where}: {key}: give low and high")
+            for bound in ("low", "high"):  # PyYAML reads 1e-4 (no dot) as a string
+                if isinstance(spec[bound], str):
+                    try:
+                        spec[bound] = float(spec[bound])
+                    except ValueError:
+                        raise ConfigError(f"{where}: {key}: {bound}={spec[bound]!r} is not a number") from None
             low, high = spec["low"], spec["high"]
             if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not low < high:
                 raise ConfigError(f"{where}: {key}: the range [{low}, {high}] is empty or inverted; give low < high")
@@ -75,7 +83,12 @@ def load_space(name: str, layer: str, config_dir: str = CONFIG_DIR) -> dict[str,
     if not path.exists():
         have = sorted(p.stem for p in (Path(config_dir) / "tune").glob("*.yaml"))
         raise ConfigError(f"--space {name}: no {path}; choose one of {', '.join(have)} or give a yaml path")
-    node = yaml.safe_load(path.read_text()) or {}
+    try:
+        node = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid yaml ({str(e).splitlines()[0]}); fix its syntax") from None
+    if not isinstance(node, dict):
+        raise ConfigError(f"{path}: give a mapping with space: (and bft_space:), not a {type(node).__name__}")
     space = parse_space(node.get("space"), f"{path} space")
     if layer in BFT_LAYERS:
         space.update(parse_space(node.get("bft_space"), f"{path} bft_space"))
@@ -118,27 +131,54 @@ def compose(overrides: list[str]):
 
 
 def check_space(base: list[str], space: dict[str, dict]) -> None:
-    """Before any trial: every key of the space composes and validates on top of ``base``, one key at a time, at
-    its lower bound (or first choice), so that the error names the key.
+    """Before any trial: every key of the space composes and passes every check a run makes before reading data
+    (``bftrec.experiment.check_config``) on top of ``base``, one key at a time, at both bounds (an int one as an
+    int) and at every choice, so that the error names the key and the value.
 
     Raises:
-        ConfigError: ``search space: <key>: <why>``.
+        ConfigError: ``search space: <key>=<value>: <why>``.
     """
-    from bftrec.experiment import typed_groups
-
+    check_buildable(compose(base))
     for key, s in space.items():
-        value = s["choices"][0] if s["type"] == "categorical" else s["low"]
-        try:
-            typed_groups(compose([*base, f"{key}={value}"]))
-        except ConfigError as e:
-            raise ConfigError(f"search space: {key}: {e}") from None
+        if s["type"] == "categorical":
+            values = list(s["choices"])
+        elif s["type"] == "int":
+            values = [int(s["low"]), int(s["high"])]
+        else:
+            values = [float(s["low"]), float(s["high"])]
+        for value in values:
+            try:
+                check_buildable(compose([*base, f"{key}={value}"]))
+            except ConfigError as e:
+                raise ConfigError(f"search space: {key}={value}: {e}") from None
 
 
-def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: int, grace: int):
+def check_buildable(cfg) -> None:
+    """``bftrec.experiment.check_config``, then the model built on a tiny stand-in for the data (a backbone checks
+    its own choices, e.g. ``model.block``, only when it is built).
+
+    Raises:
+        ConfigError: the first problem, in one line.
+    """
+    import numpy as np
+
+    from bftrec.experiment import check_config
+    from bftrec.models import MODELS, DataInfo
+
+    g = check_config(cfg)
+    n_items = max(100, int(getattr(g["model"], "n_negatives", 0)) + 2)
+    info = DataInfo(n_items=n_items, train_counts=np.ones(n_items + 1, dtype=np.int64), has_timestamps=True)
+    MODELS.get(g["model"].name)(g["model"], g["layer"], info)
+
+
+def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: int, grace: int, worker: int = 0):
     """Create or resume study ``name``; refuse one created with another space or other base overrides.
 
+    The sampler's seed is ``seed`` for a new study and worker 0; a resumed study, or another worker
+    (``worker``), draws from another seed, so that its random start-up trials are not the same points again.
+
     Raises:
-        ConfigError: the stored space or base overrides differ (one line with the fix).
+        ConfigError: the stored space or base overrides differ, or the storage cannot be opened (one line).
     """
     import warnings
 
@@ -147,10 +187,19 @@ def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: 
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
     retry = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback  # < 4.9
-    storage = storages.RDBStorage(storage_url, heartbeat_interval=max(1, grace // 3), grace_period=grace,
-                                  heartbeat_stale_trial_callback=retry(max_retry=2))
+    try:
+        storage = storages.RDBStorage(storage_url, heartbeat_interval=max(1, grace // 3), grace_period=grace,
+                                      heartbeat_stale_trial_callback=retry(max_retry=2))
+        before = optuna.load_study(study_name=name, storage=storage) if name in \
+            optuna.get_all_study_names(storage) else None
+    except Exception as e:  # sqlalchemy and optuna raise many types for a bad URL or an unreadable database
+        raise ConfigError(f"--storage {storage_url}: cannot open it ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); give a writable sqlite:/// path or a "
+                          "database URL") from None
+    n_before = len(before.trials) if before is not None else 0
+    sampler_seed = seed + 7919 * worker + 104729 * n_before  # a resume or another worker: new start-up points
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=seed),
+                                sampler=optuna.samplers.TPESampler(seed=sampler_seed),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3))
     want = {"space": json.dumps(space, sort_keys=True), "base": json.dumps(base)}
     for key, value in want.items():
@@ -167,6 +216,15 @@ def finished(study) -> int:
     from optuna.trial import TrialState
 
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def budget_trials(study, n: int) -> list:
+    """The first ``n`` finished trials by number: the budget the comparison uses, even when parallel workers
+    finished a few more (each worker ends the trial in flight when the study reaches ``n``)."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return sorted(done, key=lambda t: t.number)[:n]
 
 
 def objective(study_dir: Path, base: list[str], space: dict):
@@ -191,16 +249,21 @@ def objective(study_dir: Path, base: list[str], space: dict):
     return fn
 
 
-def write_outputs(study, study_dir: Path, space: dict) -> None:
-    """``trials.csv``, ``best.yaml`` (a candidate configs/tuned/ file) and the two figures of one study."""
+def write_outputs(study, study_dir: Path, space: dict, n: int) -> None:
+    """``trials.csv`` (every trial, ``in_budget`` marking the first ``n`` finished ones), ``best.yaml`` (a candidate
+    configs/tuned/ file: the best completed trial within the budget) and the two figures of one study."""
     import optuna
 
-    study.trials_dataframe().to_csv(study_dir / "trials.csv", index=False)
-    try:
-        best = study.best_trial
-    except ValueError:
-        log.warning("%s: no finished trial yet: no best.yaml or figures", study.study_name)
+    budget = budget_trials(study, n)
+    table = study.trials_dataframe()
+    if len(table):
+        table["in_budget"] = table["number"].isin({t.number for t in budget})
+    table.to_csv(study_dir / "trials.csv", index=False)
+    complete = [t for t in budget if t.state.name == "COMPLETE"]
+    if not complete:
+        log.warning("%s: no completed trial within the budget yet: no best.yaml or figures", study.study_name)
         return
+    best = max(complete, key=lambda t: t.value)
     nested: dict = {}
     for key, value in best.params.items():
         node = nested
@@ -210,7 +273,7 @@ def write_outputs(study, study_dir: Path, space: dict) -> None:
         node[leaf] = value
     (study_dir / "best.yaml").write_text(
         f"# @package _global_\n# Candidate for configs/tuned/ from bftrec-tune study {study.study_name}: best of "
-        f"{finished(study)} trials, trial {best.number}, validation value {best.value:.4f}.\n"
+        f"the first {len(budget)} finished trials, trial {best.number}, validation value {best.value:.4f}.\n"
         f"# Rerun it with several seeds before trusting it (the tuning saw one seed). Tuned on top of: "
         f"{' '.join(json.loads(study.user_attrs.get('base', '[]')))}\n"
         + yaml.safe_dump(nested, sort_keys=False)
@@ -223,7 +286,7 @@ def write_outputs(study, study_dir: Path, space: dict) -> None:
 
     ax = plot_optimization_history(study)
     ax.figure.savefig(study_dir / "optimization_history.png", dpi=100, bbox_inches="tight")
-    if len(space) > 1 and finished(study) >= 2:
+    if len(space) > 1 and len(complete) >= 2:
         try:
             ax = plot_param_importances(study)
             ax.figure.savefig(study_dir / "param_importances.png", dpi=100, bbox_inches="tight")
@@ -237,16 +300,19 @@ def write_outputs(study, study_dir: Path, space: dict) -> None:
 
 def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
     """Run (or resume) one study per layer of ``args.layers``; returns their folders."""
-    dirs = []
-    for layer in args.layers:
+    plans = []
+    for layer in args.layers:  # every layer's space is checked before the first trial of any study
         space = load_space(args.space, layer)
+        check_space([*base, f"layer={layer}"], space)
+        plans.append((layer, space))
+    dirs = []
+    for layer, space in plans:
         layer_base = [*base, f"layer={layer}"]
-        check_space(layer_base, space)
         name = f"{args.study}_{layer}"
         study_dir = args.out / name
         study_dir.mkdir(parents=True, exist_ok=True)
         url = args.storage or f"sqlite:///{(args.out / 'studies.db').resolve()}"
-        study = open_study(name, url, space, layer_base, args.seed, args.grace)
+        study = open_study(name, url, space, layer_base, args.seed, args.grace, args.worker)
         left = args.trials - finished(study)
         log.info("study %s: %d of %d trials finished; %d to run", name, args.trials - max(left, 0), args.trials,
                  max(left, 0))
@@ -254,9 +320,14 @@ def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
             from optuna.study import MaxTrialsCallback
             from optuna.trial import TrialState
 
-            study.optimize(objective(study_dir, layer_base, space), n_trials=left, catch=(),
+            # a trial that diverges or fails on bad data is recorded as FAIL and the study goes on
+            study.optimize(objective(study_dir, layer_base, space), n_trials=left,
+                           catch=(ValueError, RuntimeError, FileNotFoundError),
                            callbacks=[MaxTrialsCallback(args.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))])
-        write_outputs(study, study_dir, space)
+        if finished(study) < args.trials:
+            log.warning("study %s: %d of %d trials finished (the others failed: trials.csv); rerun to top it up",
+                        name, finished(study), args.trials)
+        write_outputs(study, study_dir, space, args.trials)
         dirs.append(study_dir)
     return dirs
 
@@ -276,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("results/tune"), help="folder of the studies and their runs")
     ap.add_argument("--storage", help="database URL shared by workers (default sqlite:///<out>/studies.db)")
     ap.add_argument("--seed", type=int, default=0, help="sampler seed (the same for every layer)")
+    ap.add_argument("--worker", type=int, default=0,
+                    help="this worker's number when several share a study: each draws other start-up points")
     ap.add_argument("--grace", type=int, default=120,
                     help="seconds without a heartbeat before a dead worker's trial is failed and retried")
     ap.add_argument("--verbose", action="store_true",
@@ -288,6 +361,10 @@ def main(argv: list[str] | None = None) -> None:
         log.setLevel(logging.INFO)
     if args.trials < 1:
         ap.error(f"--trials {args.trials}: give at least 1")
+    if not args.layers:
+        ap.error("--layers: give at least one layer, e.g. standard,bft")
+    if args.grace < 1:
+        ap.error(f"--grace {args.grace}: give at least 1 second")
     if any(o.split("=")[0].lstrip("+") in ("layer", "hydra.sweeper.params") for o in base):
         ap.error("set the layers with --layers, not layer= after --")
     try:

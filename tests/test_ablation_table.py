@@ -134,3 +134,9 @@ def test_grid_lists_variants_and_datasets_without_any_run(sweep, tmp_path, capsy
     md = (tmp_path / "t" / "synthetic.md").read_text()
     assert "PARTIAL: 3 of 8 cells missing" in md and "sasrec [tau=lr10] bft seeds 0, 1" in md
     assert "PARTIAL: no run yet" in (tmp_path / "t" / "office.md").read_text()
+
+
+def test_a_folder_without_bft_runs_is_one_line(tmp_path):
+    run(smoke_cfg(tmp_path, "layer=standard"), tmp_path / "runs" / "standard")
+    with pytest.raises(SystemExit, match="have no τ settings .*give a folder of BFT runs"):
+        ablation.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])

@@ -34,6 +34,15 @@ def test_pop_ranks_by_training_count_ties_to_the_smaller_id():
     assert _ranking(s[0]) == [2, 3, 1, 4, 5]
 
 
+def test_pop_keeps_every_tie_apart_at_large_counts():
+    """3,706 items all trained on 3,000 times: a count plus a fractional tie-break would merge neighbours in
+    float32; the rank scores keep every item distinct, smaller id first."""
+    from bftrec.models.pop import popularity_scores
+
+    s = popularity_scores(np.r_[0, np.full(3706, 3000)])
+    assert s[1:].unique().numel() == 3706 and _ranking(s)[:3] == [1, 2, 3]
+
+
 def test_transition_counts_stay_within_each_user():
     # user 0: 1 2 3 2 3; user 1: 4 2 1 (its first item does not follow user 0's last)
     items = np.array([1, 2, 3, 2, 3, 4, 2, 1])
@@ -47,9 +56,9 @@ def test_markov_follows_the_last_item_and_backs_off_to_popularity():
     m.fit_statistics(np.array([1, 2, 3, 2, 3, 4, 2, 1]), np.array([0, 5]), np.array([5, 8]))
     s = m.score_items({"item_seq": torch.tensor([[0, 4, 2], [0, 0, 5], [0, 0, 0]])})
     assert _ranking(s[0]) == [3, 1, 2, 4, 5]  # 2 → 3 twice, 2 → 1 once, then popularity (2, 4, 5)
-    b = m.backoff  # popularity / (max popularity + 1), in [0, 1)
-    assert s[0, 3] == pytest.approx(2.0 + b[3]) and s[0, 1] == pytest.approx(1.0 + b[1]) and s[0, 4] == b[4]
-    assert 0 < b[5] < b[4] < b[1] < b[3] < b[2] < 1
+    b = m.backoff  # popularity ranks: 5 for the most popular item (2), 1 for the least (5)
+    assert b[1:].tolist() == [3.0, 5.0, 4.0, 2.0, 1.0]  # counts 3, 5, 5, 1, 0: 2 before 3 on the tie
+    assert s[0, 3] == 2 * 6 + b[3] and s[0, 1] == 1 * 6 + b[1] and s[0, 4] == b[4]  # count · (N + 1) + rank
     assert _ranking(s[1]) == _ranking(s[2]) == [2, 3, 1, 4, 5]  # no successor of 5, an empty history: popularity
     assert torch.isneginf(s[:, 0]).all() and torch.isfinite(s[:, 1:]).all()
 
@@ -82,3 +91,11 @@ def test_a_counted_run_end_to_end_is_deterministic_and_says_nothing_was_trained(
         assert len(hist) == 1 and hist["loss"].isna().all() and hist["valid_NDCG@10"].notna().all()
         out[seed] = json.loads((tmp_path / f"s{seed}" / "metrics.json").read_text())["test"]["overall"]
     assert out[0] == out[1]  # counting has no randomness: the seed changes nothing
+
+
+def test_gru4rec_refuses_no_layers_and_a_counted_model_refuses_training_flags(tmp_path):
+    cls = MODELS.get("gru4rec")
+    with pytest.raises(ConfigError, match="model.n_layers=0 must be >= 1"):
+        cls(cls.Config(n_layers=0), LAYER_CONFIGS["standard"](), DataInfo(n_items=5, train_counts=COUNTS))
+    with pytest.raises(ConfigError, match="Markov is counted, not trained: trainer.fused_optimizer, trainer.dropout"):
+        run(smoke_cfg(tmp_path, "model=markov", "trainer.fused_optimizer=true", "trainer.dropout=mask"), tmp_path / "r")

@@ -104,3 +104,9 @@ def test_metrics_json_records_the_fast_paths(tmp_path):
                   "trainer.last_position_only=true"), tmp_path / "run")
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["fast_paths"] == {"fused_optimizer": False, "dropout": "mask", "last_position_only": True}
+
+
+def test_mask_dropout_keeps_the_rate_in_bfloat16():
+    torch.manual_seed(0)
+    y = MaskDropout(0.1).train()(torch.ones(2_000_000, dtype=torch.bfloat16))
+    assert abs(y.ne(0).float().mean().item() - 0.9) < 0.0015  # 7 SDs; bf16 uniform draws gave 0.898

@@ -39,7 +39,7 @@ def test_an_unknown_key_fails_before_any_trial(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
                    "  trainer.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n")
-    with pytest.raises(ConfigError, match="search space: trainer.lrr: .*trainer.lrr"):
+    with pytest.raises(ConfigError, match="search space: trainer.lrr=0.0001: .*trainer.lrr"):
         check_space(SMOKE, load_space(str(bad), "standard"))
     with pytest.raises(SystemExit) as e:  # the console path: one line, exit 2, no trial run
         main(["--space", str(bad), "--trials", "1", "--out", str(tmp_path / "out"), "--", *SMOKE])
@@ -115,3 +115,50 @@ def test_a_pruned_trial_stops_after_its_validation_and_says_why(tmp_path):
     assert len(seen) == 1 and seen[0][0] == 1 and 0 <= seen[0][1] <= 1  # epoch 1's validation NDCG@10
     assert "pruned at epoch 1" in (tmp_path / "trial" / "FAILED").read_text()
     assert not (tmp_path / "trial" / "metrics.json").exists() and (tmp_path / "trial" / "last.pt").exists()
+
+
+def _space(tmp_path, text: str) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("space: [a, b]\n", "a mapping of keys to"),
+    ("space:\n  trainer.lr: {type: float, low: 1.0e-4\n", "is not valid yaml"),
+    ("space:\n  layer.tau.kind: {type: categorical, choices: 1}\n", "needs a non-empty choices list"),
+    ("space:\n  trainer.batch_size: {type: int, low: 0, high: 256}\n", "trainer.batch_size=0: trainer.batch_size=0"),
+    ("space:\n  model.block: {type: categorical, choices: [pre_ln, preln]}\n", "model.block=preln"),
+    ("space:\n  trainer.lr: {type: float, low: 1e-4, high: 1e-2}\n"
+     "bft_space:\n  layer.tau.lr_scale: {type: float, low: 10, high: 1}\n", "bft_space: layer.tau.lr_scale: the range"),
+])
+def test_bad_spaces_fail_before_any_trial_of_any_layer(tmp_path, capsys, text, message):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main(["--space", _space(tmp_path, text), "--trials", "1", "--layers", "standard,bft", "--out", str(out),
+              "--", *SMOKE])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not list(out.rglob("trial*"))  # not one trial of the standard study ran
+
+
+@pytest.mark.parametrize("args, message", [(["--grace", "0"], "--grace 0"), (["--layers", ","], "--layers"),
+                                           (["--storage", "notaurl"], "--storage notaurl: cannot open it")])
+def test_bad_options_are_one_line(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--trials", "1", "--out", str(tmp_path / "o"), "--", *SMOKE])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_resumed_study_draws_new_points_and_a_failed_trial_does_not_stop_it(tmp_path):
+    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
+    common = ["--space", space, "--out", str(tmp_path / "o"), "--study", "r"]
+    main([*common, "--trials", "2", "--", *SMOKE])
+    main([*common, "--trials", "4", "--", *SMOKE])
+    trials = optuna.load_study(study_name="r_standard", storage=f"sqlite:///{tmp_path / 'o' / 'studies.db'}").trials
+    lrs = [t.params["trainer.lr"] for t in trials]
+    assert len(lrs) == 4 and len(set(lrs)) == 4  # the resume did not repeat trials 0 and 1
+    boom = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 50.0, high: 100.0}\n")
+    main(["--space", boom, "--out", str(tmp_path / "d"), "--study", "d", "--trials", "2", "--", *SMOKE])
+    study = optuna.load_study(study_name="d_standard", storage=f"sqlite:///{tmp_path / 'd' / 'studies.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]  # diverged; both ran, no traceback
+    assert not (tmp_path / "d" / "d_standard" / "best.yaml").exists()

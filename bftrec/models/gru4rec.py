@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from bftrec.config import ConfigError
 from bftrec.models.base import (
     MODELS,
     DataInfo,
@@ -77,9 +78,11 @@ class GRU4Rec(SeqRecModel):
         super().__init__()
         check_common(cfg, info.n_items)
         check_standard_layer_only(cfg.name, layer_cfg)  # no Transformer layers: layer=standard only
+        if cfg.n_layers < 1:
+            raise ConfigError(f"model.n_layers={cfg.n_layers} must be >= 1 (stacked GRU layers)")
         self.cfg, self.n_items = cfg, info.n_items
         self.item_emb = nn.Embedding(info.n_items + 1, cfg.d_model, padding_idx=0)
-        self.gru = nn.GRU(cfg.d_model, cfg.d_model, num_layers=max(cfg.n_layers, 1), batch_first=True)
+        self.gru = nn.GRU(cfg.d_model, cfg.d_model, num_layers=cfg.n_layers, batch_first=True)
         self.drop = nn.Dropout(cfg.dropout)
         nn.init.normal_(self.item_emb.weight, std=cfg.init_std)
         with torch.no_grad():

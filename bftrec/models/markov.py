@@ -3,10 +3,12 @@
 ``fit_statistics`` counts, over every user's training sequence (the items before the validation target), each
 pair of consecutive items a → b. A user whose history ends with item a gets, for every item b,
 
-    score(b) = count(a → b) + popularity(b) / (max popularity + 1),
+    score(b) = count(a → b) · (N + 1) + popularity rank score of b (``pop``'s: N for the most popular, 1 for the least),
 
-so the transitions rank first and the training popularity (``pop``'s score) orders the items a never led
-to, and every item when a has no recorded successor: a back-off to popularity. Ties among equally popular
+so the transitions rank first and the training popularity orders equal counts, the items a never led to, and
+every item when a has no recorded successor: a back-off to popularity. The scores are integers, exact in
+float32 while (largest count + 1) · (N + 1) < 2**24; beyond that (not met on the datasets here) neighbours
+may merge into pessimistic ties, and ``fit_statistics`` logs a warning. Ties among equally popular
 items go to the smaller id. The counts are stored sparsely (CSR over the N + 1 source items), so memory grows
 with the number of distinct pairs, not N². Nothing is trained (``trainable = False``).
 
@@ -16,6 +18,7 @@ recommendation use as a floor. Deviations: first order only, no smoothing beyond
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,6 +28,8 @@ import torch
 from bftrec.config import ConfigError
 from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, check_standard_layer_only
 from bftrec.models.pop import popularity_scores
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,8 +88,7 @@ class Markov(SeqRecModel):
         check_common(cfg, info.n_items)
         check_standard_layer_only(cfg.name, layer_cfg)
         self.cfg, self.n_items = cfg, info.n_items
-        pop = popularity_scores(info.train_counts)  # (N + 1,)
-        self.register_buffer("backoff", pop / (pop[1:].max().clamp(min=0) + 1.0))  # in [0, 1): below one count
+        self.register_buffer("backoff", popularity_scores(info.train_counts))  # (N + 1,) ranks N..1, -inf at 0
         self.register_buffer("indptr", torch.zeros(info.n_items + 2, dtype=torch.int64))
         self.register_buffer("indices", torch.zeros(0, dtype=torch.int64))
         self.register_buffer("counts", torch.zeros(0, dtype=torch.float32))
@@ -92,6 +96,10 @@ class Markov(SeqRecModel):
     def fit_statistics(self, items: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
         """Count the transitions of the training sequences ``items[start[u]:end[u]]`` (``transition_counts``)."""
         indptr, indices, counts = transition_counts(items, start, end, self.n_items)
+        if len(counts) and (counts.max() + 1) * (self.n_items + 1) >= 2**24:
+            log.warning("markov: a transition count of %d with %d items exceeds float32's exact integers; "
+                        "equal counts may tie instead of falling back to popularity", counts.max(), self.n_items)
+        counts = counts * np.float32(self.n_items + 1)  # one count outranks every popularity rank
         dev = self.indptr.device
         self.indptr = torch.as_tensor(indptr, device=dev)
         self.indices = torch.as_tensor(indices, device=dev)

@@ -2,7 +2,8 @@
 
 Every user gets the same ranking: items by their training count (``DataInfo.train_counts``: training
 interactions only, as the item-frequency strata count them), ties broken by the smaller item id, so the
-ranking is deterministic. The history is excluded as for every model (``eval.exclude_history``), which is
+ranking is deterministic (scores are the exact ranks, ``popularity_scores``). The history is excluded as for every
+model (``eval.exclude_history``), which is
 why two users' lists can still differ. Nothing is trained: ``trainable = False``, and the trainer scores
 validation once and keeps the result (``bftrec.trainer.fit``).
 
@@ -39,14 +40,17 @@ class PopConfig:
 
 
 def popularity_scores(train_counts: np.ndarray) -> torch.Tensor:
-    """(N + 1,) float32 popularity score per item id: count + a tie-break below 1 that favours smaller ids;
-    column 0 (padding) is -inf. Counts are exact in float32 up to 2**24 interactions per item."""
-    counts = torch.as_tensor(np.asarray(train_counts), dtype=torch.float64)  # (N + 1,)
-    n = counts.numel()
-    tie = 1.0 - torch.arange(n, dtype=torch.float64) / (n + 1)  # in (0, 1]: smaller id ranks first on a tie
-    scores = (counts + 0.5 * tie).float()
-    scores[0] = -torch.inf
-    return scores
+    """(N + 1,) float32 popularity score per item id: N + 1 − its rank by (training count descending, id
+    ascending), so the most popular item scores N and ties go to the smaller id; integers, exact in float32 for
+    N < 2**24 (a count plus a fractional tie-break would merge neighbours once counts reach the thousands).
+    Column 0 (padding) is -inf."""
+    counts = np.asarray(train_counts, dtype=np.int64)  # (N + 1,)
+    n = len(counts)
+    order = np.lexsort((np.arange(1, n), -counts[1:])) + 1  # item ids, most popular first, ties by id
+    scores = np.empty(n, dtype=np.float64)
+    scores[order] = np.arange(n - 1, 0, -1)  # N, N - 1, ..., 1
+    scores[0] = -np.inf
+    return torch.as_tensor(scores, dtype=torch.float32)
 
 
 @MODELS.register("pop")

@@ -326,6 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.command = command_line("ablation", argv)
     runs = load_runs(args.runs)
+    plain = [str(r["_dir"]) for r in runs if "tau" not in (r.get("layer_config") or {})]
+    if plain:
+        raise SystemExit(f"bftrec-report ablation: {len(plain)} run(s) under {args.runs} have no τ settings (not a BFT "
+                         f"layer), e.g. {plain[0]}; give a folder of BFT runs of the τ ablation")
     if all(r["tag"].startswith("tau=") for r in runs):
         variant_tables(runs, args)
     elif args.compare or args.grid:

@@ -365,6 +365,9 @@ def budgets(runs: list[dict]) -> list[str]:
     (several values where the runs differ)."""
     per: dict = {}
     for r in runs:
+        if r.get("n_parameters") == 0:  # pop, markov: nothing is trained, so there is no budget
+            per.setdefault(f"{r['dataset']}/{r['model']}", set()).add("counted, not trained")
+            continue
         c = run_config(r)
         floor = c.get("trainer.min_epochs") or 0
         item = (f"L {c.get('model.max_len', '?')}, ≤ {c.get('trainer.epochs', '?')} epochs, "
