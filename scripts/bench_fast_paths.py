@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bftrec.data.batches import trim_left  # noqa: E402
+from bftrec.experiment import CODE_STATE, cpu_name  # noqa: E402
 from bftrec.trainer import _optimizer, check_fast_paths, epoch_batches, train_window_set, use_mask_dropout  # noqa: E402
 
 SETTINGS = {
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {"command": "python scripts/bench_fast_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "setting": "sports SASRec tuned (CE, prefixes), CPU, 1 thread, process CPU time per step",
            "torch": torch.__version__, "steps": args.steps, "rounds": args.rounds,
+           "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"], "cpu": cpu_name(),
            "cpu_s_per_step": {n: statistics.median(v) for n, v in per_round.items()},
            "ratio_to_reference": {n: statistics.median(v) for n, v in ratio.items()},
            "per_round_cpu_s_per_step": per_round,
