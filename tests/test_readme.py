@@ -53,3 +53,10 @@ def test_the_readme_verdict_quotes_the_committed_meta_analysis():
     for r in rows.itertuples():
         quoted = f"{_pct(float(r.gain))} [{_pct(float(r.ci_lo))}, {_pct(float(r.ci_hi))}]"
         assert quoted in text, f"README does not quote {r.endpoint}: {quoted}"
+
+
+def test_the_replication_count_in_the_readme_is_the_committed_one():
+    """The verdict table's "N of 15 cells in" counts the committed replication runs, so it cannot go stale."""
+    said = re.search(r"(\d+) of 15 cells in", (ROOT / "README.md").read_text())
+    have = len(list((ROOT / "results" / "paper_main" / "replication" / "runs").rglob("metrics.json")))
+    assert said and int(said.group(1)) == have, f"README says {said and said.group(1)} of 15, {have} are committed"
