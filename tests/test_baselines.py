@@ -56,7 +56,7 @@ def test_markov_follows_the_last_item_and_backs_off_to_popularity():
     m.fit_statistics(np.array([1, 2, 3, 2, 3, 4, 2, 1]), np.array([0, 5]), np.array([5, 8]))
     s = m.score_items({"item_seq": torch.tensor([[0, 4, 2], [0, 0, 5], [0, 0, 0]])})
     assert _ranking(s[0]) == [3, 1, 2, 4, 5]  # 2 → 3 twice, 2 → 1 once, then popularity (2, 4, 5)
-    b = m.backoff  # popularity ranks: 5 for the most popular item (2), 1 for the least (5)
+    b = m.scores  # the popularity back-off: ranks: 5 for the most popular item (2), 1 for the least (5)
     assert b[1:].tolist() == [3.0, 5.0, 4.0, 2.0, 1.0]  # counts 3, 5, 5, 1, 0: 2 before 3 on the tie
     assert s[0, 3] == 2 * 6 + b[3] and s[0, 1] == 1 * 6 + b[1] and s[0, 4] == b[4]  # count · (N + 1) + rank
     assert _ranking(s[1]) == _ranking(s[2]) == [2, 3, 1, 4, 5]  # no successor of 5, an empty history: popularity

@@ -20,33 +20,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
 
-from bftrec.config import ConfigError
-from bftrec.models.base import MODELS, DataInfo, SeqRecModel, check_common, check_standard_layer_only
-from bftrec.models.pop import popularity_scores
+from bftrec.models.base import MODELS, DataInfo
+from bftrec.models.pop import Pop, PopConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class MarkovConfig:
+class MarkovConfig(PopConfig):
+    """``PopConfig``'s fields (common, unused but ``max_len``: its last item is what counts)."""
+
     name: str = "markov"
-    d_model: int = 1           # unused (every model has the common fields)
-    n_layers: int = 0          # unused: no layers
-    n_heads: int = 1           # unused
-    d_ff: int = 1              # unused
-    dropout: float = 0.0       # unused
-    attn_dropout: float = 0.0  # unused
-    max_len: int = 50          # history length handed to the model (its last item is what counts)
-    loss: str = "ce"           # unused: nothing is trained
-    n_negatives: int = 1       # unused
-    init_std: float = 0.02     # unused
-    ce_chunk: int = 128        # unused
-    negatives_per: str = "batch"  # unused
 
 
 def transition_counts(items: np.ndarray, start: np.ndarray, end: np.ndarray, n_items: int) -> tuple:
@@ -75,20 +63,14 @@ def transition_counts(items: np.ndarray, start: np.ndarray, end: np.ndarray, n_i
 
 
 @MODELS.register("markov")
-class Markov(SeqRecModel):
-    """Scores the items that followed the user's last item in training, backing off to popularity."""
+class Markov(Pop):
+    """Scores the items that followed the user's last item in training, backing off to popularity (``Pop``'s
+    scores, the buffer ``scores``); no encoder and no loss, as ``Pop``."""
 
     Config = MarkovConfig
-    causal = True
-    trainable = False
-    standard_layer_only = True  # no Transformer layers: refused before any data is read
 
     def __init__(self, cfg: MarkovConfig, layer_cfg, info: DataInfo) -> None:
-        super().__init__()
-        check_common(cfg, info.n_items)
-        check_standard_layer_only(cfg.name, layer_cfg)
-        self.cfg, self.n_items = cfg, info.n_items
-        self.register_buffer("backoff", popularity_scores(info.train_counts))  # (N + 1,) ranks N..1, -inf at 0
+        super().__init__(cfg, layer_cfg, info)  # the checks and the popularity ranks N..1, -inf at 0 (``scores``)
         self.register_buffer("indptr", torch.zeros(info.n_items + 2, dtype=torch.int64))
         self.register_buffer("indices", torch.zeros(0, dtype=torch.int64))
         self.register_buffer("counts", torch.zeros(0, dtype=torch.float32))
@@ -111,20 +93,12 @@ class Markov(SeqRecModel):
                 setattr(self, name, torch.empty_like(state_dict[prefix + name]))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def encode(self, item_seq: torch.Tensor, timestamps: Optional[torch.Tensor] = None,
-               mech: Optional[dict] = None, last_only: bool = False) -> torch.Tensor:
-        """No hidden states: (B, L, 0) float32 (a statistical model has no encoder)."""
-        return torch.zeros(*item_seq.shape, 0, device=item_seq.device)
-
-    def training_loss(self, batch: dict) -> torch.Tensor:
-        raise ConfigError("model=markov is not trained (trainable = False): the trainer counts and scores it")
-
     def score_items(self, batch: dict) -> torch.Tensor:
         """(B, N + 1) float32 scores for the item after ``batch["item_seq"]`` (B, L) int64 (left-padded: the
         last column is the last item; an empty history gets popularity alone). Column 0 is -inf."""
         last = batch["item_seq"][:, -1]  # (B,)
         B = last.shape[0]
-        scores = self.backoff[None].expand(B, -1).clone()  # (B, N + 1)
+        scores = self.scores[None].expand(B, -1).clone()  # (B, N + 1): the popularity back-off
         lo, hi = self.indptr[last], self.indptr[last + 1]  # (B,) each; padding (0) has no successor row
         n = hi - lo
         if int(n.sum()) > 0:

@@ -78,7 +78,7 @@ class Pop(SeqRecModel):
         return torch.zeros(*item_seq.shape, 0, device=item_seq.device)
 
     def training_loss(self, batch: dict) -> torch.Tensor:
-        raise ConfigError("model=pop is not trained (trainable = False): the trainer scores it directly")
+        raise ConfigError(f"model={self.cfg.name} is not trained (trainable = False): the trainer counts and scores it")
 
     def score_items(self, batch: dict) -> torch.Tensor:
         """(B, N + 1) float32: the popularity scores, one row per user of ``batch["item_seq"]`` (B, L) int64."""
