@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -183,9 +184,10 @@ def gain_figure(groups: dict, metric: str, path: Path, note: str = "", comp: pd.
         ax.set_title(ds)
         ax.set_ylabel(f"gain over standard in {metric} (%)")
         legend(ax, len(series))
-    fig.supxlabel("bars: 95% CI with the training seed as the unit; * p_seeds < 0.05; ** p_Holm < 0.05 "
-                  "(pre-registered endpoints); symmetric-log axis, linear within ±10%", fontsize=7,
-                  color="dimgray")  # placed by the figure's layout, below the panels
+    caption = ("bars: 95% CI with the training seed as the unit; * p_seeds < 0.05; ** p_Holm < 0.05 "
+               "(pre-registered endpoints); symmetric-log axis, linear within ±10%")
+    fig.supxlabel(textwrap.fill(caption, width=int(fig.get_figwidth() * 17)),  # about 17 characters per inch at 7 pt
+                  fontsize=7, color="dimgray")  # placed by the figure's layout, below the panels
     return save(fig, path, note)
 
 
