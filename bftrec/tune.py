@@ -301,8 +301,14 @@ def write_outputs(study, study_dir: Path, space: dict, n: int) -> None:
 def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
     """Run (or resume) one study per layer of ``args.layers``; returns their folders."""
     plans = []
+    from bftrec.rundir import override_key
+
     for layer in args.layers:  # every layer's space is checked before the first trial of any study
         space = load_space(args.space, layer)
+        fixed = sorted({override_key(o) for o in base} & set(space))
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)}: both set after -- and searched by --space {args.space}; drop "
+                              "the override or the key from the space")
         check_space([*base, f"layer={layer}"], space)
         plans.append((layer, space))
     dirs = []

@@ -162,3 +162,9 @@ def test_a_resumed_study_draws_new_points_and_a_failed_trial_does_not_stop_it(tm
     study = optuna.load_study(study_name="d_standard", storage=f"sqlite:///{tmp_path / 'd' / 'studies.db'}")
     assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]  # diverged; both ran, no traceback
     assert not (tmp_path / "d" / "d_standard" / "best.yaml").exists()
+
+
+def test_a_key_both_fixed_and_searched_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--trials", "1", "--out", str(tmp_path / "o"), "--", *SMOKE, "trainer.lr=0.01"])
+    assert e.value.code == 2 and "trainer.lr: both set after -- and searched" in capsys.readouterr().err
