@@ -612,3 +612,23 @@ def test_tables_take_rescored_runs_with_their_beyond_accuracy(runs, tmp_path):
     assert (tmp_path / "t" / "beyond.csv").exists()
     overall = pd.read_csv(tmp_path / "t" / "overall.csv", keep_default_na=False)
     assert overall["valid NDCG@10 bft"].iloc[0] == "–"
+
+
+def test_a_preregistration_is_found_from_a_layers_own_folder(runs, tmp_path):
+    """The replication's tables are made from each layer's folder, five levels below the study's
+    preregistration.md (<study>/replication/runs/<dataset>/<model>/<layer>): the check must still find it."""
+    import shutil
+
+    study = tmp_path / "study"
+    deep = study / "replication" / "runs" / "sports" / "hstu"
+    shutil.copytree(runs / "runs", deep)
+    for env in deep.rglob("env.json"):
+        env.write_text(json.dumps({**json.loads(env.read_text()), "started": "2026-12-06T07:00:00"}))
+    _git(study, "init", "-q")
+    (study / "preregistration.md").write_text("primary endpoint: cold users\n")
+    _git(study, "add", "preregistration.md")
+    _git(study, "commit", "-qm", "register", date="2026-12-05T20:00:00+00:00")
+    (study / "preregistration.md").write_text("primary endpoint: overall\n")
+    _git(study, "commit", "-qam", "edit", date="2026-12-06T12:00:00+00:00")
+    _make_tables().main(["--runs", str(deep / "standard"), str(deep / "bft"), "--out", str(tmp_path / "t")])
+    assert "pre-registration changed after the first registered run" in (tmp_path / "t" / "protocol.md").read_text()

@@ -415,12 +415,13 @@ def _git_dirty(path: Path) -> bool:
 
 
 def preregistration_notes(roots, runs: list[dict]) -> list[str]:
-    """A ``preregistration.md`` in a folder above any ``--runs`` folder (up to 4 levels) must not change
+    """A ``preregistration.md`` in a folder above any ``--runs`` folder (up to 8 levels, so that a layer's own
+    folder, ``<study>/replication/runs/<dataset>/<model>/<layer>``, still finds its study's) must not change
     after the first run that followed its first commit: one line per such file that did (a later commit,
     or uncommitted edits), naming the commits' dates. Runs' start times (env.json) are UTC."""
     found = []
     for root in run_roots(roots):
-        for parent in list(Path(root).resolve().parents)[:4]:
+        for parent in list(Path(root).resolve().parents)[:8]:
             f = parent / PREREGISTRATION
             if f.exists() and f not in found:
                 found.append(f)
@@ -434,7 +435,8 @@ def preregistration_notes(roots, runs: list[dict]) -> list[str]:
             continue
         late = [d for d in dates[1:] if d > after[0]]
         if late or _git_dirty(f):
-            notes.append(f"**pre-registration changed after the first registered run** ({f}; first run {after[0]}; "
+            shown = f.relative_to(Path.cwd()) if f.is_relative_to(Path.cwd()) else f  # no machine path in a table
+            notes.append(f"**pre-registration changed after the first registered run** ({shown}; first run {after[0]}; "
                          f"later commits: {', '.join(late) or 'none'}{'; uncommitted edits' if _git_dirty(f) else ''})")
     return notes
 
