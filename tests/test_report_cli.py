@@ -32,10 +32,10 @@ def test_subcommands_and_bad_input_in_one_line(tmp_path, capsys):
     assert cli.main(["tabels"]) == 2
     assert "unknown subcommand 'tabels'; pick one of tables, figures" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match=f"no metrics.json under {tmp_path / 'empty'}; run the experiment first"):
-        cli.main(["tables", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "t")])
-    with pytest.raises(SystemExit, match="no such folder: .*nowhere"):
-        cli.main(["same", str(tmp_path / "nowhere"), str(tmp_path / "empty")])
+    assert cli.main(["tables", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "t")]) == 2
+    assert f"no metrics.json under {tmp_path / 'empty'}; run the experiment first" in capsys.readouterr().err
+    assert cli.main(["same", str(tmp_path / "nowhere"), str(tmp_path / "empty")]) == 2
+    assert "no such folder:" in capsys.readouterr().err
 
 
 def test_console_script_is_installed_and_lists_its_subcommands():

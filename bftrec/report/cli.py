@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand on ``argv`` (default ``sys.argv[1:]``); returns its exit status.
 
     Raises:
-        SystemExit: no or an unknown subcommand (status 2, one line naming the choices), or the subcommand's own
-            one-line errors.
+        SystemExit: argparse's own errors of a subcommand (status 2). A subcommand's one-line refusal (no runs, a
+            missing cell, ...) is printed and returns 2, as an unknown subcommand does.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -52,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     module = importlib.import_module(SUBCOMMANDS[sub][0])
-    return module.main(rest) or 0
+    try:
+        return module.main(rest) or 0
+    except SystemExit as e:  # a report's one-line refusal: exit 2, as bftrec-train and bftrec-tune
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":
