@@ -549,16 +549,13 @@ def _git(cwd, *args, date=None):
     subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("edit_date, reported", [("2026-12-05T23:00:00+00:00", False),
-                                                 ("2026-12-06T12:00:00+00:00", True)])
-def test_a_preregistration_changed_after_the_first_run_is_reported(runs, tmp_path, edit_date, reported):
-    """issue 46: a pre-registration committed before the runs, then edited before (allowed) or after the first
-    run started (reported in the tables' header, short and full)."""
+def _registered_study(runs: Path, study: Path, runs_dir: Path, edit_date: str) -> None:
+    """The fixture's runs copied to ``runs_dir`` inside a git repository ``study`` (started 2026-12-06 07:00 UTC),
+    whose preregistration.md was committed the evening before and edited at ``edit_date``."""
     import shutil
 
-    study = tmp_path / "study"
-    shutil.copytree(runs / "runs", study / "runs")
-    for env in (study / "runs").rglob("env.json"):
+    shutil.copytree(runs / "runs", runs_dir)
+    for env in runs_dir.rglob("env.json"):
         env.write_text(json.dumps({**json.loads(env.read_text()), "started": "2026-12-06T07:00:00"}))
     _git(study, "init", "-q")
     (study / "preregistration.md").write_text("primary endpoint: cold users\n")
@@ -566,6 +563,16 @@ def test_a_preregistration_changed_after_the_first_run_is_reported(runs, tmp_pat
     _git(study, "commit", "-qm", "register", date="2026-12-05T20:00:00+00:00")
     (study / "preregistration.md").write_text("primary endpoint: overall\n")
     _git(study, "commit", "-qam", "edit", date=edit_date)
+
+
+@pytest.mark.parametrize("edit_date, reported", [("2026-12-05T23:00:00+00:00", False),
+                                                 ("2026-12-06T12:00:00+00:00", True)])
+def test_a_preregistration_changed_after_the_first_run_is_reported(runs, tmp_path, edit_date, reported):
+    """issue 46: a pre-registration committed before the runs, then edited before (allowed) or after the first
+    run started (reported in the tables' header, short and full)."""
+
+    study = tmp_path / "study"
+    _registered_study(runs, study, study / "runs", edit_date)
     _make_tables().main(["--runs", str(study / "runs"), "--out", str(tmp_path / "t")])
     short = (tmp_path / "t" / "overall.md").read_text().split("\n|")[0]
     full = (tmp_path / "t" / "protocol.md").read_text()
@@ -617,18 +624,9 @@ def test_tables_take_rescored_runs_with_their_beyond_accuracy(runs, tmp_path):
 def test_a_preregistration_is_found_from_a_layers_own_folder(runs, tmp_path):
     """The replication's tables are made from each layer's folder, five levels below the study's
     preregistration.md (<study>/replication/runs/<dataset>/<model>/<layer>): the check must still find it."""
-    import shutil
 
     study = tmp_path / "study"
     deep = study / "replication" / "runs" / "sports" / "hstu"
-    shutil.copytree(runs / "runs", deep)
-    for env in deep.rglob("env.json"):
-        env.write_text(json.dumps({**json.loads(env.read_text()), "started": "2026-12-06T07:00:00"}))
-    _git(study, "init", "-q")
-    (study / "preregistration.md").write_text("primary endpoint: cold users\n")
-    _git(study, "add", "preregistration.md")
-    _git(study, "commit", "-qm", "register", date="2026-12-05T20:00:00+00:00")
-    (study / "preregistration.md").write_text("primary endpoint: overall\n")
-    _git(study, "commit", "-qam", "edit", date="2026-12-06T12:00:00+00:00")
+    _registered_study(runs, study, deep, "2026-12-06T12:00:00+00:00")
     _make_tables().main(["--runs", str(deep / "standard"), str(deep / "bft"), "--out", str(tmp_path / "t")])
     assert "pre-registration changed after the first registered run" in (tmp_path / "t" / "protocol.md").read_text()
