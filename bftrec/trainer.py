@@ -95,9 +95,8 @@ def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device)
             ``trainer.last_position_only`` on a model whose stack computes every position (BFT layers, GRU4Rec).
     """
     if cfg.fused_optimizer:
-        cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
         try:
-            cls([torch.zeros(1, device=device, requires_grad=True)], fused=True)
+            _optimizer_class(cfg)([torch.zeros(1, device=device, requires_grad=True)], fused=True)
         except (RuntimeError, ValueError, TypeError) as e:
             raise ConfigError(f"trainer.fused_optimizer=true: torch {torch.__version__} has no fused "
                               f"{cfg.optimizer} on {device.type} ({str(e).splitlines()[0]}); drop the flag") from None
@@ -347,9 +346,14 @@ def _last_good(out_dir: Path, state: dict) -> str:
             f"{out_dir / 'checkpoint.pt'} (best epoch {state['best_epoch']})")
 
 
-def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
+def _optimizer_class(cfg: TrainerConfig) -> type:
+    """``torch.optim.Adam`` or ``AdamW`` for ``trainer.optimizer`` (ConfigError for anything else)."""
     check_choice(cfg.optimizer, ("adam", "adamw"), "trainer.optimizer")
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+
+
+def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
+    cls = _optimizer_class(cfg)
     fused = {"fused": True} if cfg.fused_optimizer else {}  # checked by check_fast_paths
     return cls(optimizer_param_groups(model, cfg.lr), lr=cfg.lr, weight_decay=cfg.weight_decay,  # τ: layer.tau.lr_scale
                betas=tuple(cfg.betas), **fused)
@@ -388,8 +392,7 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
     log.info("%d training windows of %d items (trainer.train_windows=%s)", len(tw), max_len + 1, cfg.train_windows)
     runner = _loss_runner(model)
-    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
-             "initial_gain": None, "data": data_identity(data)}
+    state = _new_state(data)
     first = tw.first(cfg.batch_size)  # calibration batch (BFT.md §1 s₀²) and K probe
     gen = torch.Generator().manual_seed(seed)
     if cfg.resume:
@@ -443,8 +446,7 @@ def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out
     if flags:
         raise ConfigError(f"{type(model).__name__} is counted, not trained: trainer.{', trainer.'.join(flags)} "
                           "would do nothing; drop it")
-    state = {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
-             "initial_gain": None, "data": data_identity(data)}
+    state = _new_state(data)
     t0 = time.time()
     split = loo_split(data.items, data.offsets, "valid")
     model.fit_statistics(data.items, split.start, split.end)
@@ -457,6 +459,12 @@ def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out
     log.info("counted in %.1fs (no training): valid %s %.4f", row["train_seconds"], cfg.select_metric,
              row[f"valid_{cfg.select_metric}"])
     return FitResult(state["best_epoch"], state["best_valid"], state["history"], False, None, None, None)
+
+
+def _new_state(data) -> dict:
+    """The training state before epoch 1 (what ``last.pt`` carries): no epoch, no best, the data's fingerprint."""
+    return {"epoch": 0, "best": -math.inf, "best_epoch": -1, "best_valid": {}, "bad": 0, "history": [],
+            "initial_gain": None, "data": data_identity(data)}
 
 
 def _loss_runner(model: nn.Module) -> nn.Module:

@@ -37,7 +37,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy.stats import t as t_dist
 
-from bftrec.report.runs import baseline, cells, describe_missing, run_note, select_runs
+from bftrec.report.runs import baseline, cells, describe_missing, is_counted, run_note, select_runs
 from bftrec.report.stats import seed_t_p
 from bftrec.report.tables import _lookup, comparisons, matched_seeds, seed_gain_values
 
@@ -232,7 +232,7 @@ def curves_figure(groups: dict, path: Path, note: str = "") -> Figure | None:
     panels: dict[tuple, list] = {}
     standard_first = lambda kv: (kv[0][:3], kv[0][3] != "standard", kv[0][3])  # noqa: E731
     for (ds, model, tag, layer), rs in sorted(groups.items(), key=standard_first):
-        if rs[0].get("n_parameters") == 0:  # a counted model (pop, markov): one validation, no training curve
+        if is_counted(rs[0]):  # pop, markov: one validation, no training curve
             continue
         hs = [h for r in sorted(rs, key=lambda r: r["seed"]) if (h := history(r)) is not None]
         if hs:

@@ -358,6 +358,11 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
     return "; ".join(notes)
 
 
+def is_counted(run: dict) -> bool:
+    """A statistical model's run (pop, markov: ``trainable = False``): counted, no parameters, no training."""
+    return run.get("n_parameters") == 0
+
+
 def budgets(runs: list[dict]) -> list[str]:
     """Training budget per (dataset, backbone) as the runs' configs give it: L, epoch cap, the floor
     before early stopping where ``trainer.min_epochs`` > 0, patience, loss; ``d/m: L 50, ≤ 200 epochs,
@@ -365,7 +370,7 @@ def budgets(runs: list[dict]) -> list[str]:
     (several values where the runs differ)."""
     per: dict = {}
     for r in runs:
-        if r.get("n_parameters") == 0:  # pop, markov: nothing is trained, so there is no budget
+        if is_counted(r):  # pop, markov: nothing is trained, so there is no budget
             per.setdefault(f"{r['dataset']}/{r['model']}", set()).add("counted, not trained")
             continue
         c = run_config(r)
