@@ -61,7 +61,7 @@ def test_equal_budgets_and_a_sigkill_loses_at_most_the_trial_in_flight(tmp_path)
     failed and retried with the same values. Each trial is a normal run directory."""
     out = tmp_path / "tune"
     cmd = [sys.executable, "-m", "bftrec.tune", "--trials", "3", "--layers", "standard,bft", "--out", str(out),
-           "--study", "t", "--grace", "2", "--", *SMOKE]
+           "--study", "t", "--grace", "2", "--", *SMOKE[:1], "trainer.epochs=5", *SMOKE[2:]]  # trials of seconds
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -71,13 +71,18 @@ def test_equal_budgets_and_a_sigkill_loses_at_most_the_trial_in_flight(tmp_path)
             time.sleep(0.2)
             if not (out / "studies.db").exists():
                 continue
+            os.killpg(proc.pid, signal.SIGSTOP)  # frozen, the worker cannot finish a trial between look and kill
             try:
-                trials = optuna.load_study(study_name="t_standard", storage=url).trials
-            except (KeyError, Exception):
-                continue
+                trials = optuna.load_study(study_name="t_standard", storage=optuna.storages.RDBStorage(
+                    url, engine_kwargs={"connect_args": {"timeout": 1}})).trials
+            except Exception:  # the study is not created yet, or the frozen worker holds the database lock
+                trials = []
             states = [t.state.name for t in trials]
-            if states.count("COMPLETE") >= 1 and states[-1] == "RUNNING":
+            # a trial whose run directory holds its config has started its heartbeat thread: its death is seen
+            if states.count("COMPLETE") >= 1 and states[-1] == "RUNNING" and \
+                    (out / "t_standard" / f"trial{trials[-1].number:03d}" / "config.yaml").exists():
                 break
+            os.killpg(proc.pid, signal.SIGCONT)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
