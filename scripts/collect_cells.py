@@ -19,7 +19,8 @@ the ledger only (whatever else is staged stays staged), its message, prefixed wi
 commit the cell ran at. Exit status: 0, also when there is nothing new (it says so).
 
 Errors (one line, exit 2; checked before a cell's files are touched): no source ledger; a torn or
-non-record ledger line; a cell that is not a relative ``dataset/model/layer/seedK`` path; a ledger line or
+non-record ledger line; a cell that is not a relative ``dataset/model/layer/seedK`` path (or
+``dataset/model/layer/<variant>/seedK``, as the SNR sweep's ``rate0.1``); a ledger line or
 ``metrics.json`` missing a field; a failed git command (the cell's ledger line is taken back); a destination
 cell that already holds a different ``metrics.json`` (never overwritten: move it away, or pass
 ``--replace`` to overwrite it on purpose).
@@ -59,12 +60,12 @@ def read_ledger(path: Path) -> list[tuple[str, dict]]:
 
 
 def _check_cell(cell: str, src_ledger: Path) -> None:
-    """Refuse, in one line, a ledger cell that is not a relative ``dataset/model/layer/seedK`` path (an
-    absolute cell is a run outside the sweep folder: collecting it could delete the source)."""
+    """Refuse, in one line, a ledger cell that is not a relative ``dataset/model/layer/[variant/]seedK`` path
+    (an absolute cell is a run outside the sweep folder: collecting it could delete the source)."""
     p = Path(cell)
-    if p.is_absolute() or len(p.parts) != 4 or ".." in p.parts:
-        raise SystemExit(f"collect_cells: {src_ledger} names cell {cell!r}, not a dataset/model/layer/seedK "
-                         "path under --src; collect that run by hand")
+    if p.is_absolute() or len(p.parts) not in (4, 5) or ".." in p.parts or not p.parts[-1].startswith("seed"):
+        raise SystemExit(f"collect_cells: {src_ledger} names cell {cell!r}, not a dataset/model/layer/[variant/]"
+                         "seedK path under --src; collect that run by hand")
 
 
 def _read_metrics(path: Path) -> dict:
@@ -109,8 +110,8 @@ def commit_message(record: dict, metrics: dict, prefix: str = "paper_main") -> s
         SystemExit: the ledger line or ``metrics.json`` lacks a field the message needs (one line).
     """
     try:
-        ds, model, layer, seed = record["cell"].split("/")
-        return (f"{prefix}: {ds} {model} {layer} {seed} (test HR@10 {metrics['test']['overall']['HR@10']:.4f}, "
+        cell = " ".join(record["cell"].split("/"))
+        return (f"{prefix}: {cell} (test HR@10 {metrics['test']['overall']['HR@10']:.4f}, "
                 f"best epoch {metrics['best_epoch']} of {metrics['epochs_run']}; {round(record['wall_s']):,} s, "
                 f"status {record['status']}, at {str(record.get('git_sha', '?'))[:7]})")
     except (KeyError, TypeError, ValueError) as e:

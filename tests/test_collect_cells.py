@@ -29,15 +29,19 @@ def test_collects_finished_cells_once_without_checkpoints(tmp_path):
     _cell(src, "sports/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
     _cell(src, "sports/sasrec/standard/seed0", "failed", "2026-12-04T01:05:00", finished=False)
     _cell(src, "sports/hstu/bft/seed1", "resumed", "2026-12-04T02:00:00")
-    assert cc.collect(src, dst) == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1"]
+    _cell(src, "ml-100k/sasrec/bft/rate0.1/seed2", "ran", "2026-12-04T03:00:00")  # a sweep's variant folder
+    assert cc.collect(src, dst) == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1",
+                                    "ml-100k/sasrec/bft/rate0.1/seed2"]
+    assert (dst / "ml-100k/sasrec/bft/rate0.1/seed2/metrics.json").exists()
     got = dst / "sports/sasrec/bft/seed0"
     assert (got / "metrics.json").exists() and (got / "train.log").exists()
     assert not (got / "last.pt").exists() and not (got / ".lock").exists()
     assert not (dst / "sports/sasrec/standard/seed0").exists()
     lines = (dst / "ledger.jsonl").read_text().splitlines()
-    assert [json.loads(x)["cell"] for x in lines] == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1"]
+    assert [json.loads(x)["cell"] for x in lines] == ["sports/sasrec/bft/seed0", "sports/hstu/bft/seed1",
+                                                      "ml-100k/sasrec/bft/rate0.1/seed2"]
     assert cc.collect(src, dst) == []  # a second pass finds nothing new
-    assert len((dst / "ledger.jsonl").read_text().splitlines()) == 2
+    assert len((dst / "ledger.jsonl").read_text().splitlines()) == 3
 
 
 def test_never_overwrites_different_results(tmp_path):
@@ -71,6 +75,9 @@ def test_commit_message_names_the_figures():
                             {"test": {"overall": {"HR@10": 0.03456}}, "best_epoch": 30, "epochs_run": 50})
     assert msg == ("paper_main: sports bert4rec bft_h seed2 (test HR@10 0.0346, best epoch 30 of 50; "
                    "3,175 s, status ran, at 5de5180)")
+    assert cc.commit_message({"cell": "ml-100k/sasrec/bft/rate0.1/seed2", "status": "ran", "wall_s": 9.0},
+                             {"test": {"overall": {"HR@10": 0.5}}, "best_epoch": 3, "epochs_run": 5}).startswith(
+        "paper_main: ml-100k sasrec bft rate0.1 seed2 (test HR@10 0.5000")
 
 
 def test_a_rerun_cell_is_collected_once_with_its_last_line(tmp_path):
@@ -93,9 +100,12 @@ def test_a_cell_outside_the_sweep_is_refused_and_the_source_kept(tmp_path):
     outside.mkdir(parents=True)
     (outside / "metrics.json").write_text("{}")
     (src / "ledger.jsonl").write_text(json.dumps({"cell": str(outside), "status": "ran", "written": "t"}) + "\n")
-    with pytest.raises(SystemExit, match="not a dataset/model/layer/seedK path"):
+    with pytest.raises(SystemExit, match=r"not a dataset/model/layer/\[variant/\]seedK path"):
         cc.collect(src, tmp_path / "dst")
     assert (outside / "metrics.json").exists()
+    (src / "ledger.jsonl").write_text(json.dumps({"cell": "a/b/c/rate0.1", "status": "ran", "written": "t"}) + "\n")
+    with pytest.raises(SystemExit, match="not a dataset/model/layer"):  # the last part names no seed
+        cc.collect(src, tmp_path / "dst")
     (src / "ledger.jsonl").write_text('["not", "a", "record"]\n')
     with pytest.raises(SystemExit, match="is not a ledger record"):
         cc.collect(src, tmp_path / "dst")
