@@ -62,6 +62,7 @@ class TrainerConfig:
     fused_optimizer: bool = False     # torch's fused Adam/AdamW kernel; a device without one fails in one line
     dropout: str = "torch"            # torch (nn.Dropout) | mask (x * (U >= p) / (1 - p): same rate, other draws)
     last_position_only: bool = False  # prefixes: the last block computes the last position alone (all the loss reads)
+    compile_precision: bool = False   # BFT layers: the per-token precision chain through torch.compile (fused kernels)
 
 
 @dataclass

@@ -92,7 +92,8 @@ def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device)
 
     Raises:
         ConfigError: ``trainer.fused_optimizer`` where torch has no fused Adam/AdamW for ``device``;
-            ``trainer.last_position_only`` on a model whose stack computes every position (BFT layers, GRU4Rec).
+            ``trainer.last_position_only`` on a model whose stack computes every position (BFT layers, GRU4Rec);
+            ``trainer.compile_precision`` on a model without a BFT stack, or on a CPU without a C++ compiler.
     """
     if cfg.fused_optimizer:
         try:
@@ -104,6 +105,13 @@ def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device)
         raise ConfigError(f"trainer.last_position_only=true: {type(model).__name__} with this layer computes every "
                           "position in training (only the standard Transformer stack has a last-position path); "
                           "drop the flag")
+    if cfg.compile_precision:
+        if not hasattr(getattr(model, "stack", None), "compile_precision"):
+            raise ConfigError(f"trainer.compile_precision=true: {type(model).__name__} with this layer has no "
+                              "precision chain to compile (only layer=bft and layer=bft_h do); drop the flag")
+        if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++")):
+            raise ConfigError("trainer.compile_precision=true on CPU needs a C++ compiler (torch.compile's Inductor "
+                              "backend): install g++ or set $CXX, or drop the flag")
 
 
 class MaskDropout(nn.Dropout):
@@ -388,6 +396,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
         check_available()
     if cfg.dropout == "mask":
         log.info("trainer.dropout=mask: %d dropout modules draw U(0, 1) masks", use_mask_dropout(model))
+    if cfg.compile_precision:
+        model.stack.compile_precision = True
+        log.info("trainer.compile_precision=true: the precision formulas compile on first use (seconds to a minute)")
     opt = _optimizer(model, cfg)
     tw = train_window_set(data, max_len, device, cfg.train_windows, cfg.train_window_stride)
     log.info("%d training windows of %d items (trainer.train_windows=%s)", len(tw), max_len + 1, cfg.train_windows)
@@ -442,7 +453,8 @@ def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out
     ``history.csv`` written as for one epoch (its loss is NaN: nothing is optimised). Deterministic: the seed
     changes nothing."""
     flags = [f for f, on in (("fused_optimizer", cfg.fused_optimizer), ("dropout=mask", cfg.dropout == "mask"),
-                              ("last_position_only", cfg.last_position_only), ("tensorboard", cfg.tensorboard)) if on]
+                              ("last_position_only", cfg.last_position_only),
+                              ("compile_precision", cfg.compile_precision), ("tensorboard", cfg.tensorboard)) if on]
     if flags:
         raise ConfigError(f"{type(model).__name__} is counted, not trained: trainer.{', trainer.'.join(flags)} "
                           "would do nothing; drop it")

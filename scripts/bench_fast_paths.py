@@ -1,4 +1,4 @@
-"""CPU time of a training step under each opt-in fast path of the trainer (issue 49 items 2 and 3). Never a test.
+"""CPU time of a training step under each opt-in fast path of the trainer (issue 49 items 1-3). Never a test.
 
 SASRec on Amazon Sports at its tuned config (``configs/tuned/sports_sasrec.yaml``: CE, ``prefixes``), CPU, one
 thread. The same ``--steps`` batches of epoch 1 (the trainer's ``prefixes`` windows in its batch order, left
@@ -7,7 +7,12 @@ load hits every setting alike:
 
 - ``reference``: the defaults (full forward, ``nn.Dropout``, Adam's foreach kernel);
 - ``last_position_only``, ``dropout=mask``, ``fused_optimizer``: one path each;
-- ``all``: the three together.
+- ``all``: the three together;
+- ``bft``: ``layer=bft`` at the same config (BFT's cost in the tuned setting: its ratio to ``reference``);
+- ``bft_compiled``: ``layer=bft`` with ``trainer.compile_precision=true`` (the precision formulas through
+  ``torch.compile``; compiled in the untimed first batch).
+
+``--settings`` picks a subset (``reference`` is always run).
 
 Each setting has its own model and optimizer, built from the same seed. Time is the process CPU time of zero_grad,
 loss, backward and the optimizer step (``time.process_time``: one thread, so another job on the machine moves it
@@ -45,6 +50,8 @@ SETTINGS = {
     "dropout_mask": ["trainer.dropout=mask"],
     "fused_optimizer": ["trainer.fused_optimizer=true"],
     "all": ["trainer.last_position_only=true", "trainer.dropout=mask", "trainer.fused_optimizer=true"],
+    "bft": ["layer=bft"],
+    "bft_compiled": ["layer=bft", "trainer.compile_precision=true"],
 }
 BASE = ["dataset=sports", "model=sasrec", "trainer.device=cpu", "trainer.num_threads=1"]
 
@@ -66,6 +73,8 @@ def build(extra: list[str]):
     check_fast_paths(tc, model, torch.device("cpu"))
     if tc.dropout == "mask":
         use_mask_dropout(model)
+    if tc.compile_precision:
+        model.stack.compile_precision = True
     return model.train(), _optimizer(model, tc), tc, data, g["model"].max_len
 
 
@@ -73,16 +82,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20, help="timed steps per setting and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "fast_paths_cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    runs = {name: build(extra) for name, extra in SETTINGS.items()}
+    names = ["reference"] + [n for n in args.settings.split(",") if n and n != "reference"]
+    unknown = sorted(set(names) - set(SETTINGS))
+    if unknown:
+        raise SystemExit(f"bench_fast_paths: --settings {','.join(unknown)}: unknown; choose from {','.join(SETTINGS)}")
+    runs = {name: build(SETTINGS[name]) for name in names}
     _, _, tc, data, max_len = runs["reference"]
     assert tc.train_windows == "prefixes", "the tuned Sports SASRec config trains on prefixes"
     tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows)
     order = epoch_batches(tw.lengths(), tc.batch_size, torch.Generator().manual_seed(0), 0, 1, tc.length_bucketing)
     batches = [{"seq": trim_left(tw.batch(i)["seq"]), "last_target_only": True} for i in order[: args.steps + 1]]
-    per_round: dict = {name: [] for name in SETTINGS}
+    per_round: dict = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (model, opt, t, _, _) in runs.items():
             cpu = 0.0

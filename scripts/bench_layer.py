@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from bftrec.experiment import device_name  # noqa: E402
 from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
 from bftrec.layers.bft import BFTHLayerConfig, BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
+from bftrec.layers.precision import compiling  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
 from bftrec.models.sasrec_bft import BFTSASRecBlock  # noqa: E402
@@ -70,8 +71,10 @@ LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout":
 E2E = {"n_items": SPORTS_ITEMS, "d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 256, "max_len": 50,
        "batch": 256, "dropout": 0.2}
 TRAINER = {"threads": 1, "batch": 512, "loss": "sampled_softmax", "length_bucketing": True, "steps": 300}
-# bft: bft.units=count (default, BFT.md §7); bft_h: bft.units=h (v1, layer=bft_h); *_detach: detach_precision_grad
+# bft: bft.units=count (default, BFT.md §7); bft_h: bft.units=h (v1, layer=bft_h); *_detach: detach_precision_grad;
+# bft_compiled: bft with its precision formulas through torch.compile (trainer.compile_precision; not in the default)
 VARIANTS = ("standard", "bft", "bft_detach", "bft_h", "bft_h_detach")
+EXTRA_VARIANTS = ("bft_compiled",)
 
 
 def _sync(device: torch.device) -> None:
@@ -86,7 +89,7 @@ def _amp(device: torch.device, on: bool):
 def _bft_params(variant: str) -> BFTParams:
     """bft[_h]: bft.units=count (h); *_detach: bft.detach_precision_grad=true."""
     return BFTParams(units="h" if variant.startswith("bft_h") else "count",
-                     detach_precision_grad=variant.endswith("_detach"))
+                     detach_precision_grad=variant.removesuffix("_compiled").endswith("_detach"))
 
 
 def _layer_cfg(variant: str):
@@ -161,7 +164,7 @@ class LayerRunner:
             self.block.train()
 
     def step(self) -> None:
-        with _amp(self.device, self.amp):
+        with _amp(self.device, self.amp), compiling(self.variant.endswith("_compiled")):
             if self.variant == "standard":
                 out = (self.block(self.h, self.masks).float() * self.g).sum()
             else:
@@ -185,6 +188,8 @@ class E2ERunner:
         counts = np.ones(c["n_items"] + 1, dtype=np.int64)
         self.model = MODELS.get("sasrec")(cfg, layer, DataInfo(n_items=c["n_items"], train_counts=counts)).to(device)
         self.model.train()
+        if variant.endswith("_compiled"):
+            self.model.stack.compile_precision = True
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.device, self.amp, self.windows = device, amp, windows.to(device)
         self.gen = torch.Generator().manual_seed(2)
@@ -344,7 +349,12 @@ def main() -> None:
                     help="bucketed batches per variant for the trainer setting's peak-memory pass (same batches)")
     ap.add_argument("--out", default=None, help="JSON path; default results/bench/layer_<device>.json")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why --threads was set)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, standard always included; of {','.join(VARIANTS + EXTRA_VARIANTS)}")
     args = ap.parse_args()
+    variants = ("standard",) + tuple(v for v in args.variants.split(",") if v and v != "standard")
+    if set(variants) - set(VARIANTS + EXTRA_VARIANTS):
+        raise SystemExit(f"bench_layer: --variants {args.variants}: choose from {','.join(VARIANTS + EXTRA_VARIANTS)}")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -362,7 +372,8 @@ def main() -> None:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "note": args.note,
         "load_average_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "amp_bf16": amp, "compile": False, "steps": args.steps, "warmup": args.warmup,
+        "amp_bf16": amp, "compile": "bft_compiled" in variants, "variants": list(variants),
+        "steps": args.steps, "warmup": args.warmup,
         "statistic": "median step time over the timed steps; variants interleaved round-robin",
         "memory_measure": ("torch.cuda.max_memory_allocated over timed steps" if device.type == "cuda" else
                            "fresh process per variant (glibc MALLOC_MMAP_THRESHOLD_=65536): peak RSS (VmHWM, reset "
@@ -390,10 +401,10 @@ def main() -> None:
                                            "n_negatives": n_neg, "inputs": "real Amazon Sports training windows "
                                            "(bftrec.trainer.epoch_batches sortish batches, common left padding "
                                            "trimmed by trim_left, as the trainer feeds them)"}
-        runners = {v: make_runner(kind, v, device, amp, loss, data) for v in VARIANTS}
+        runners = {v: make_runner(kind, v, device, amp, loss, data) for v in variants}
         times = time_interleaved(runners, steps, args.warmup, device)
         del runners
-        mem = {v: peak_memory(kind, v, device, amp, loss, data, mem_steps) for v in VARIANTS}
+        mem = {v: peak_memory(kind, v, device, amp, loss, data, mem_steps) for v in variants}
         result[kind] = summarize(times, mem)
         result[kind]["threads"] = torch.get_num_threads()
         torch.set_num_threads(threads)

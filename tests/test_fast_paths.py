@@ -62,6 +62,53 @@ def test_a_fast_path_the_model_or_settings_cannot_honour_is_refused():
         check_trainer_config(TrainerConfig(last_position_only=True), EvalConfig())
     with pytest.raises(ConfigError, match="trainer.dropout"):
         check_trainer_config(TrainerConfig(dropout="fast"), EvalConfig())
+    check_fast_paths(TrainerConfig(compile_precision=True), _model("sasrec", "bft"), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="trainer.compile_precision=true: SASRec with this layer has no precision"):
+        check_fast_paths(TrainerConfig(compile_precision=True), _model("sasrec"), torch.device("cpu"))
+
+
+def _spy(forward, calls: list):
+    """``forward`` that records, per call, whether the compiled precision path is active."""
+    from bftrec.layers.precision.compile import _ON
+
+    def wrapped(*args, **kwargs):
+        calls.append(_ON.get())
+        return forward(*args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.parametrize("backend, names", [("aot_eager", ("sasrec", "bert4rec", "hstu")), ("inductor", ("sasrec",))])
+def test_compiled_precision_gives_the_eager_loss_and_gradients(monkeypatch, backend, names, layer="bft"):
+    """trainer.compile_precision: the same formulas through torch.compile; the loss and every gradient (which
+    carry λ, K and J through both blocks) equal the eager path's to float32 rounding, in training (dropout off:
+    the draws are the same either way). Every backbone's precision functions are traced (``aot_eager``: the
+    graphs and their backward partition, no C++ build); SASRec, the benchmarked case, also runs Inductor's
+    fused kernels (a C++ build, ~20 s on a cold cache)."""
+    from bftrec.layers.precision import compile as pc
+    from bftrec.layers.precision import compiling
+    from bftrec.layers.precision.compile import _ON
+
+    monkeypatch.setattr(pc, "BACKEND", backend)
+    batch = {k: v for k, v in _prefix_batch().items() if k != "last_target_only"}
+    for name in names:
+        out = {}
+        for on in (False, True):
+            model = _model(name, layer).train()
+            model.stack.compile_precision = on
+            calls = []
+            with pytest.MonkeyPatch.context() as mp:  # record whether the compiled path was active in the blocks
+                mp.setattr(model.stack.blocks[0], "forward", _spy(model.stack.blocks[0].forward, calls))
+                loss = model.training_loss(dict(batch))
+            loss.backward()
+            out[on] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            assert calls == [on], (name, calls)
+        torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5, msg=name)
+        assert out[True][1].keys() == out[False][1].keys()
+        for n in out[False][1]:
+            torch.testing.assert_close(out[True][1][n], out[False][1][n], atol=1e-5, rtol=1e-4, msg=f"{name} {n}")
+    assert not _ON.get()  # the block closed: eager again outside the stack
+    with compiling():
+        assert _ON.get()
 
 
 def test_mask_dropout_keeps_the_rate_and_the_expectation():
@@ -103,7 +150,8 @@ def test_metrics_json_records_the_fast_paths(tmp_path):
     run(smoke_cfg(tmp_path, "trainer.dropout=mask", "trainer.train_windows=prefixes",
                   "trainer.last_position_only=true"), tmp_path / "run")
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert m["fast_paths"] == {"fused_optimizer": False, "dropout": "mask", "last_position_only": True}
+    assert m["fast_paths"] == {"fused_optimizer": False, "dropout": "mask", "last_position_only": True,
+                               "compile_precision": False}
 
 
 def test_mask_dropout_keeps_the_rate_in_bfloat16():

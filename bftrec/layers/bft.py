@@ -59,6 +59,7 @@ from torch import nn
 from bftrec.config import ConfigError, check_choice, upgrade_legacy_layer  # noqa: F401  (re-exported)
 from bftrec.layers import LAYER_BUILDERS, LAYER_CONFIGS, Masks, masked_softmax
 from bftrec.layers.precision import (
+    compiling,
     gather_head_rows,
     gather_rows,
     geometric_mean_d,
@@ -491,6 +492,7 @@ class BFTStack(nn.Module):
         self.cfg = cfg
         self.probe: Optional[dict] = None
         self._calibrating = False
+        self.compile_precision = False  # trainer.compile_precision: the precision formulas run compiled
         self._tau0_set = cfg.tau.scale != "mean_count"  # mean_count: the first calibration sets τ₀ = log n̄
 
     @property
@@ -551,27 +553,28 @@ class BFTStack(nn.Module):
             mech["lam0"] = scatter_rows(geometric_mean_d(lam.detach()), rows, B, L)  # (B, L)
             mech["layers"] = []
         pending, n = [], len(self.blocks)
-        for i, block in enumerate(self.blocks):
-            flags = LayerRun(calibrate=self._calibrating, need_lam=need_lam or i < n - 1, want_stats=want,
-                             probe=self.probe, rows=rows)
-            h_in = h
-            h, lam_next, stats = block(h, lam, masks, run=flags, **ctx)
-            if i == 0 and self._calibrating and not self._tau0_set and len(rows):
-                # tau.scale=mean_count (BFT.md §7): layer-0 λ̂^obs does not depend on τ (the kriging bias and
-                # HSTU's relative reliability ignore a common scale), so set τ₀ = log n̄ now and rerun layer 0
-                self._set_mean_count_start(float(stats["lam_obs"].mean()))
-                lam = self.initial_precision(items, rows, tau_input)
-                h, lam_next, stats = block(h_in, lam, masks, run=flags, **ctx)
-            lam = lam_next
-            if "prior" in stats:
-                pending.append((block, stats["prior"]))
-            if mech is not None:
-                mech["layers"].append({"K": scatter_rows(stats["K"], rows, B, L),
-                                       "lam_obs": scatter_rows(stats["lam_obs"], rows, B, L),
-                                       "n_eff": stats["n_eff"], "Q": block.process_noise().detach()})
-            if self._calibrating:
-                k = float(stats["K"].mean()) if len(rows) else float("nan")
-                log.info("BFT calibration layer %d: mean s0^2 %.4g, mean K %.4f", i, float(block.s0sq.mean()), k)
+        with compiling(self.compile_precision):  # trainer.compile_precision (precision/compile.py)
+            for i, block in enumerate(self.blocks):
+                flags = LayerRun(calibrate=self._calibrating, need_lam=need_lam or i < n - 1, want_stats=want,
+                                 probe=self.probe, rows=rows)
+                h_in = h
+                h, lam_next, stats = block(h, lam, masks, run=flags, **ctx)
+                if i == 0 and self._calibrating and not self._tau0_set and len(rows):
+                    # tau.scale=mean_count (BFT.md §7): layer-0 λ̂^obs does not depend on τ (the kriging bias and
+                    # HSTU's relative reliability ignore a common scale), so set τ₀ = log n̄ now and rerun layer 0
+                    self._set_mean_count_start(float(stats["lam_obs"].mean()))
+                    lam = self.initial_precision(items, rows, tau_input)
+                    h, lam_next, stats = block(h_in, lam, masks, run=flags, **ctx)
+                lam = lam_next
+                if "prior" in stats:
+                    pending.append((block, stats["prior"]))
+                if mech is not None:
+                    mech["layers"].append({"K": scatter_rows(stats["K"], rows, B, L),
+                                           "lam_obs": scatter_rows(stats["lam_obs"], rows, B, L),
+                                           "n_eff": stats["n_eff"], "Q": block.process_noise().detach()})
+                if self._calibrating:
+                    k = float(stats["K"].mean()) if len(rows) else float("nan")
+                    log.info("BFT calibration layer %d: mean s0^2 %.4g, mean K %.4f", i, float(block.s0sq.mean()), k)
         if self.training and not self._calibrating:
             for block, (total, count) in pending:  # after the forward: this batch never sees its own update
                 block.update_prior(total, count)

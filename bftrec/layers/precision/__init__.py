@@ -23,6 +23,7 @@ them with float32 tensors and with autocast disabled.
 """
 from __future__ import annotations
 
+from bftrec.layers.precision.compile import compilable, compiling
 from bftrec.layers.precision.observe import *  # noqa: F403
 from bftrec.layers.precision.observe import (
     geometric_mean_d,
@@ -75,5 +76,5 @@ __all__ = [
     "relative_reliability", "sandwich_stats", "sandwich_variance", "gated_output_precision",
     "kalman_gain", "kalman_precision", "kalman_update",
     "gelu_prime", "ffn_jacobian_diag", "prenorm_ffn_jacobian_diag", "prenorm_ffn_jacobian_diag_fused",
-    "predict_precision", "layernorm_precision",
+    "predict_precision", "layernorm_precision", "compilable", "compiling",
 ]

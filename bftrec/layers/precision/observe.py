@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from bftrec.layers.precision.compile import compilable
 from bftrec.layers.precision.rows import gather_head_rows, scatter_rows
 
 
@@ -36,6 +37,7 @@ def geometric_mean_d(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x).mean(-1).exp()
 
 
+@compilable
 def kriging_bias(lam: torch.Tensor, rows: torch.Tensor, B: int, T: int, lo: float = 1e-8,
                  hi: float = 1e8) -> torch.Tensor:
     """Additive attention-logit bias of the kriging weights [paper] (BFT.md §1).
@@ -168,6 +170,7 @@ def kriging_stats(alpha: torch.Tensor, v: torch.Tensor):
     return _KrigingStats.apply(alpha, v)
 
 
+@compilable
 def reml_shrinkage(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, s0sq: torch.Tensor, prior_dof: float,
                    ok: torch.Tensor) -> torch.Tensor:
     """Shrunk kriging variance and ``Var(m) = σ²/n`` [paper: REML + inverse-χ² prior; form bftrec] (BFT.md §1).
@@ -208,6 +211,7 @@ def prior_statistic(S: torch.Tensor, a2: torch.Tensor, b: torch.Tensor, ok: torc
     return torch.einsum("nhd,nh->hd", S, w), keep.sum(0).to(S.dtype)  # (H, d), (H,)
 
 
+@compilable
 def output_precision(var_m: torch.Tensor, w_out: torch.Tensor, lo: float = 1e-8, hi: float = 1e8,
                      has_key: Optional[torch.Tensor] = None, one_obs: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Observation precision from ``Var(o)_k = Σ_c G[k,c]² Var(m)_c`` [paper: delta method] (BFT.md §1, §7).

@@ -10,6 +10,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from bftrec.layers.precision.compile import compilable
+
 # --------------------------------------------------------------------------------------------------
 # Predict (BFT.md §3)
 # --------------------------------------------------------------------------------------------------
@@ -248,6 +250,7 @@ def prenorm_ffn_jacobian_diag_fused(x: torch.Tensor, ln_weight: torch.Tensor, ln
     return _PrenormJacobian.apply(xf, ln_weight, ln_bias, w1, b1, w2, ln_eps, approximate, rows, chunk)
 
 
+@compilable
 def predict_precision(lam1: torch.Tensor, J: torch.Tensor | None, Q: torch.Tensor, lo: float = 1e-8,
                       hi: float = 1e8) -> torch.Tensor:
     """``λ'' = ((1 + J)²/λ' + Q)⁻¹`` [paper] (BFT.md §3); ``J = None`` gives HSTU's ``(1/λ' + Q)⁻¹``.
@@ -263,6 +266,7 @@ def predict_precision(lam1: torch.Tensor, J: torch.Tensor | None, Q: torch.Tenso
     return var.clamp(lo, hi).reciprocal()
 
 
+@compilable
 def layernorm_precision(lam: torch.Tensor, x: torch.Tensor, ln_weight: torch.Tensor, ln_eps: float,
                         lo: float = 1e-8, hi: float = 1e8) -> torch.Tensor:
     """Precision through a LayerNorm, diagonal delta method [paper] (BFT.md §2, post-LN backbones).

@@ -8,12 +8,14 @@ from typing import Optional
 
 import torch
 
+from bftrec.layers.precision.compile import compilable
 from bftrec.layers.precision.observe import kish_b, output_precision, prior_statistic, reml_shrinkage
 
 
 # --------------------------------------------------------------------------------------------------
 # Observe with non-normalised weights (BFT.md §4: HSTU's pointwise attention)
 # --------------------------------------------------------------------------------------------------
+@compilable
 def relative_reliability(w: torch.Tensor, lam_bar: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``w̃_tj = w_tj · λ̄_j / mean_{j'∈keys(t)} λ̄_j'`` [bftrec] (BFT.md §4).
 
@@ -98,6 +100,7 @@ def sandwich_variance(meat: torch.Tensor, a1: torch.Tensor, a2: torch.Tensor, b:
     return reml_shrinkage(sig_hat, a2, b, s0sq, prior_dof, ok) * (a1s * a1s)[..., None], prior
 
 
+@compilable
 def gated_output_precision(var_m: torch.Tensor, u: torch.Tensor, m: torch.Tensor, ln_weight: torch.Tensor,
                            ln_eps: float, w_f2: torch.Tensor, lo: float, hi: float,
                            has_key: Optional[torch.Tensor] = None,

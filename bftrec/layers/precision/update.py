@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from bftrec.layers.precision.compile import compilable
+
 
 # --------------------------------------------------------------------------------------------------
 # Update (BFT.md §2)
@@ -21,6 +23,7 @@ def kalman_gain(lam: torch.Tensor, lam_obs: torch.Tensor) -> torch.Tensor:
     return lam_obs / (lam + lam_obs)
 
 
+@compilable
 def kalman_precision(lam: torch.Tensor, lam_obs: torch.Tensor, hi: float = 1e8,
                      uniform: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Gain and updated precision of the Kalman update [paper] (BFT.md §2).
