@@ -33,6 +33,7 @@ from bftrec.experiment import build, default_threads, evaluate_test, protocol_bl
 from bftrec.rundir import fresh_dir
 from bftrec.train import one_line_errors
 from bftrec.trainer import (
+    inductor_compiler_missing,
     load_checkpoint,
     load_weights,
     mean_gain,
@@ -121,6 +122,11 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None, al
     with quiet_init():
         data, counts, model = build(g, device)
     load_weights(model, ck, run_dir / "checkpoint.pt", RECOVER.format(run_dir=run_dir))
+    if tc.compile_precision and hasattr(getattr(model, "stack", None), "compile_precision"):
+        missing = inductor_compiler_missing(device)  # scores as the run did; else eagerly (float rounding apart)
+        model.stack.compile_precision = not missing
+        if missing:
+            log.warning("bftrec-eval: the run used trainer.compile_precision but %s: scoring eagerly", missing)
     check_n_bins(ev, counts)
     check_candidates(data.items, data.offsets, "test", data.n_items, g["model"].max_len, ev)
     differs = other_data(recorded_data(run_dir, ck), data_identity(data))

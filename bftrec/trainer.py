@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,11 +108,21 @@ def check_fast_paths(cfg: TrainerConfig, model: nn.Module, device: torch.device)
                           "drop the flag")
     if cfg.compile_precision:
         if not hasattr(getattr(model, "stack", None), "compile_precision"):
-            raise ConfigError(f"trainer.compile_precision=true: {type(model).__name__} with this layer has no "
-                              "precision chain to compile (only layer=bft and layer=bft_h do); drop the flag")
-        if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++")):
-            raise ConfigError("trainer.compile_precision=true on CPU needs a C++ compiler (torch.compile's Inductor "
-                              "backend): install g++ or set $CXX, or drop the flag")
+            raise ConfigError(f"trainer.compile_precision=true: {type(model).__name__} with "
+                              f"{type(getattr(model, 'stack', model)).__name__} has no precision chain to compile "
+                              "(only layer=bft and layer=bft_h do); drop the flag")
+        missing = inductor_compiler_missing(device)
+        if missing:
+            raise ConfigError(f"trainer.compile_precision=true: {missing}; install it or set $CXX, or drop the flag")
+
+
+def inductor_compiler_missing(device: torch.device) -> str:
+    """'' when torch.compile's Inductor backend has the compiler it will call on ``device``'s type, else what is
+    missing: on CPU the C++ compiler it runs (``$CXX`` if set, else ``g++``; ``clang++`` on macOS)."""
+    if device.type != "cpu":
+        return ""
+    cxx = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    return "" if shutil.which(cxx) else f"the C++ compiler {cxx} (torch.compile's Inductor backend on CPU) is not found"
 
 
 class MaskDropout(nn.Dropout):

@@ -62,9 +62,16 @@ def test_a_fast_path_the_model_or_settings_cannot_honour_is_refused():
         check_trainer_config(TrainerConfig(last_position_only=True), EvalConfig())
     with pytest.raises(ConfigError, match="trainer.dropout"):
         check_trainer_config(TrainerConfig(dropout="fast"), EvalConfig())
-    check_fast_paths(TrainerConfig(compile_precision=True), _model("sasrec", "bft"), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="trainer.compile_precision=true: SASRec with this layer has no precision"):
-        check_fast_paths(TrainerConfig(compile_precision=True), _model("sasrec"), torch.device("cpu"))
+
+
+def test_compile_precision_is_refused_without_a_bft_stack_or_the_compiler_inductor_calls(monkeypatch):
+    cfg = TrainerConfig(compile_precision=True)
+    with pytest.raises(ConfigError, match="trainer.compile_precision=true: SASRec with Stack has no precision chain"):
+        check_fast_paths(cfg, _model("sasrec"), torch.device("cpu"))
+    check_fast_paths(cfg, _model("sasrec", "bft"), torch.device("cpu"))  # a BFT stack, g++ here (CI installs it)
+    monkeypatch.setenv("CXX", "/nonexistent/g++")  # Inductor calls $CXX when set, whatever else is installed
+    with pytest.raises(ConfigError, match="the C.. compiler /nonexistent/g.. .*is not found; install it or set"):
+        check_fast_paths(cfg, _model("sasrec", "bft"), torch.device("cpu"))
 
 
 def _spy(forward, calls: list):
@@ -88,7 +95,13 @@ def test_compiled_precision_gives_the_eager_loss_and_gradients(monkeypatch, back
     from bftrec.layers.precision import compiling
     from bftrec.layers.precision.compile import _ON
 
-    monkeypatch.setattr(pc, "BACKEND", backend)
+    graphs: list = []
+
+    def counting(gm, example_inputs):  # the named backend, counting the graphs it is handed
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    monkeypatch.setattr(pc, "BACKEND", counting)  # a new backend: every function compiles afresh
     batch = {k: v for k, v in _prefix_batch().items() if k != "last_target_only"}
     for name in names:
         out = {}
@@ -106,6 +119,8 @@ def test_compiled_precision_gives_the_eager_loss_and_gradients(monkeypatch, back
         assert out[True][1].keys() == out[False][1].keys()
         for n in out[False][1]:
             torch.testing.assert_close(out[True][1][n], out[False][1][n], atol=1e-5, rtol=1e-4, msg=f"{name} {n}")
+    # SASRec alone compiles five: kriging bias, REML shrinkage, output precision, Kalman and predicted precision
+    assert len(graphs) >= 5, len(graphs)
     assert not _ON.get()  # the block closed: eager again outside the stack
     with compiling():
         assert _ON.get()

@@ -83,8 +83,11 @@ def test_equal_budgets_and_a_sigkill_loses_at_most_the_trial_in_flight(tmp_path)
                     (out / "t_standard" / f"trial{trials[-1].number:03d}" / "config.yaml").exists():
                 break
             os.killpg(proc.pid, signal.SIGCONT)
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
+    finally:  # also on an interrupt between SIGSTOP and SIGCONT: SIGKILL ends a stopped process too
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait(timeout=60)
     before = optuna.load_study(study_name="t_standard", storage=url).trials
     kept = {t.number for t in before if t.state.name == "COMPLETE"}

@@ -8,9 +8,12 @@ what it needs from the inputs. The formulas are the same Python code either way;
 float32 rounding (tested in tests/test_fast_paths.py), never bit for bit.
 
 Functions marked ``@compilable`` run eagerly unless a ``compiling(True)`` block is active (``BFTStack``
-opens one around its blocks when ``trainer.compile_precision=true`` set ``stack.compile_precision``).
-Each is compiled once per process (``dynamic=True``: the number of rows changes every batch), on first
-use; a call made while another compiled function is being traced runs inline.
+opens one around its blocks when ``trainer.compile_precision=true`` set ``stack.compile_precision``;
+``bftrec-eval`` follows the run's setting). Each is compiled on first use with ``dynamic=True`` (the
+number of rows changes every batch); Dynamo still builds another graph when the grad mode changes
+(training against calibration and scoring), when input strides differ, or for a dimension of size 0 or 1,
+so a run holds a few graphs per function. Past Dynamo's recompile limit (8) a new specialisation runs
+eagerly: slower, never different. A call made while another compiled function is traced runs inline.
 """
 from __future__ import annotations
 
