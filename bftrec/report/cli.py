@@ -8,6 +8,8 @@
     bftrec-report same     results/paper_cpu/runs/office/sasrec results/office_sasrec/runs
     bftrec-report valid-test results/paper_main/runs/ml-1m/hstu/standard --out valid_vs_test.md
     bftrec-report seconds  results/paper_main/runs/ml-1m/bert4rec/bft --from-epoch 76
+    bftrec-report sweep    --comparisons results/snr/tables/comparisons.csv --key dataset.inject_rate \
+        --out results/snr/sweep
 
 Every subcommand reads only what runs wrote (``metrics.json``, ``ranks.csv.gz``, ``history.csv``, the configs);
 ``bftrec-report <subcommand> -h`` lists its options. The layout of the modules: ``docs/DESIGN.md``.
@@ -26,6 +28,7 @@ SUBCOMMANDS = {
     "same": ("bftrec.report.same", "do two folders of runs give the same test metrics, within a tolerance?"),
     "valid-test": ("bftrec.report.valid_test", "validation against test, run by run"),
     "seconds": ("bftrec.report.seconds", "training and validation seconds of finished runs"),
+    "sweep": ("bftrec.report.sweep", "the gain against a swept setting (a tables folder's comparisons.csv)"),
 }
 
 
