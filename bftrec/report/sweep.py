@@ -11,6 +11,11 @@ interval (seeds, then users), ``p_seeds``, ``p_holm_seeds``, the gain detectable
 it rests on. Writes ``sweep.csv``, ``sweep.md`` and ``sweep.png`` (gain against the value, one panel per
 endpoint, one line per layer) into ``--out``.
 
+**Does the gain grow with the value?** With the seed as the unit: for each seed present at every value, the
+least-squares slope of its per-seed gains (``seed_gains``) against the value; then the mean slope over seeds,
+its 95% t interval and a one-sample t-test over seeds (``trend.csv``, and a second table in ``sweep.md``).
+Within a seed both layers see the same injected data, so a seed's slope is paired by construction.
+
 Raises SystemExit (one line): no such file; no row whose tag sets ``--key``; a tag value that is not a number.
 """
 from __future__ import annotations
@@ -18,9 +23,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats as st
 
 from bftrec.report.runs import command_line
+from bftrec.report.stats import seed_t_p
 
 ENDPOINTS = ("overall", "Q0", "cold")
 COLUMNS = ["layer", "value", "stratum", "seeds", "gain_seeds", "ci_lo_seeds", "ci_hi_seeds", "p_seeds",
@@ -51,7 +59,38 @@ def sweep_rows(comp: pd.DataFrame, key: str, metric: str = "HR@10") -> pd.DataFr
     return mine.reindex(columns=COLUMNS).reset_index(drop=True)
 
 
-def markdown(rows: pd.DataFrame, key: str, metric: str, command: str) -> str:
+def parse_seed_gains(text) -> dict[int, float]:
+    """``"0:+0.0182 1:nan"`` (a ``comparisons.csv`` ``seed_gains`` cell) -> ``{0: 0.0182}`` (nan dropped)."""
+    out = {}
+    for part in ("" if pd.isna(text) else str(text)).split():
+        seed, _, gain = part.partition(":")
+        if gain and gain != "nan":
+            out[int(seed)] = float(gain)
+    return out
+
+
+def trend(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per layer and endpoint: the per-seed slopes of the gain against the value (seeds present at every
+    value), their mean, 95% t interval and two-sided one-sample t-test p (``seed_t_p``), and the seeds.
+    A slope is in relative gain per unit of the value (×0.1 for "per +0.1"). NaN where fewer than 2 seeds."""
+    out = []
+    for (layer, stratum), g in rows.groupby(["layer", "stratum"], sort=False):
+        by_value = {v: parse_seed_gains(s) for v, s in zip(g["value"], g["seed_gains"])}
+        seeds = sorted(set.intersection(*(set(d) for d in by_value.values()))) if by_value else []
+        xs = np.array(sorted(by_value))
+        slopes = [float(np.polyfit(xs, [by_value[x][s] for x in xs], 1)[0]) for s in seeds] if len(xs) > 1 else []
+        mean = float(np.mean(slopes)) if slopes else np.nan
+        half = (float(st.t.ppf(0.975, len(slopes) - 1) * np.std(slopes, ddof=1) / np.sqrt(len(slopes)))
+                if len(slopes) >= 2 else np.nan)
+        out.append({"layer": layer, "stratum": stratum, "values": len(xs), "seeds": len(slopes),
+                    "slope_per_unit": mean, "ci_lo": mean - half, "ci_hi": mean + half,
+                    "p_seeds": seed_t_p(slopes) if len(slopes) >= 2 else None,
+                    "seed_slopes": " ".join(f"{s}:{b:+.4f}" for s, b in zip(seeds, slopes))})
+    return pd.DataFrame(out)
+
+
+def markdown(rows: pd.DataFrame, key: str, metric: str, command: str, slopes: pd.DataFrame | None = None,
+             per: float = 1.0) -> str:
     def pct(x) -> str:
         return "–" if pd.isna(x) else f"{x * 100:+.1f}%"
 
@@ -70,6 +109,16 @@ def markdown(rows: pd.DataFrame, key: str, metric: str, command: str) -> str:
         note = " ".join(str(x) for x in (r.test_note, r.flags) if not pd.isna(x) and str(x))
         lines.append(f"| {r.layer} | {r.stratum} | {r.value:g} | {r.seeds} | {pct(r.gain_seeds)} | {ci} | "
                      f"{num(r.p_seeds)} | {num(r.p_holm_seeds)} | {pct(r.mde_seeds)} | {note} |")
+    if slopes is not None and len(slopes):
+        lines += ["", f"## Does the gain grow with `{key}`? (seed-unit trend, `trend.csv`)", "",
+                  f"Per seed present at every value, the least-squares slope of its gain against `{key}`; the mean "
+                  f"over seeds, its 95% t interval and a one-sample t-test over seeds, per +{per:g} of `{key}`.", "",
+                  f"| layer | stratum | values | seeds | gain change per +{per:g} | 95% CI | p_seeds |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in slopes.itertuples():
+            ci = "–" if pd.isna(r.ci_lo) else f"[{pct(r.ci_lo * per)}, {pct(r.ci_hi * per)}]"
+            lines.append(f"| {r.layer} | {r.stratum} | {r.values} | {r.seeds} | {pct(r.slope_per_unit * per)} | {ci} "
+                         f"| {num(r.p_seeds)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--comparisons", required=True, help="a comparisons.csv written by bftrec-report tables")
     ap.add_argument("--key", required=True, help="the swept override, as the tag names it (dataset.inject_rate)")
     ap.add_argument("--metric", default="HR@10")
+    ap.add_argument("--per", type=float, default=1.0, help="show the trend per this step of the value (0.1 for rates)")
     ap.add_argument("--out", required=True, help="folder for sweep.csv, sweep.md, sweep.png")
     args = ap.parse_args(argv)
     path = Path(args.comparisons)
@@ -111,5 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out / "sweep.csv", index=False)
-    (out / "sweep.md").write_text(markdown(rows, args.key, args.metric, command_line("sweep", argv)))
+    slopes = trend(rows)
+    slopes.to_csv(out / "trend.csv", index=False)
+    (out / "sweep.md").write_text(markdown(rows, args.key, args.metric, command_line("sweep", argv), slopes,
+                                           args.per))
     figure(rows, args.key, args.metric, out / "sweep.png")
