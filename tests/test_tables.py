@@ -591,6 +591,35 @@ def test_runs_with_different_injection_rates_are_never_pooled(runs, tmp_path):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])
 
 
+def test_noise_injected_per_seed_pools_over_seeds_but_a_layer_and_its_baseline_share_the_data(runs, tmp_path):
+    """issue 46 item 3: with dataset.inject_seed null each training seed injects its own noise, so the processed
+    data differ between seeds by design and the seeds pool; a layer and its baseline at one seed must have the
+    same processed data, and every seed the same raw file."""
+    mt = _make_tables()
+    root = _copy(runs, tmp_path)
+
+    def inject(run_dir, fingerprint, sha="a" * 64):
+        m = run_dir / "metrics.json"
+        d = json.loads(m.read_text())
+        seed = d["seed"]
+        d["data"].update(fingerprint=fingerprint, injection={"rate": 0.1, "seed": seed, "injected": 7})
+        d["data"]["source"] = {"sha256": sha}
+        m.write_text(json.dumps(d))
+
+    for layer in ("standard", "bft"):
+        for seed in (0, 1):
+            inject(root / layer / f"seed{seed}", f"{seed}" * 64)
+    mt.main(["--runs", str(root), "--out", str(tmp_path / "t")])  # seeds differ, pairs agree: pooled
+    inject(root / "bft" / "seed1", "f" * 64)  # the layer saw other noise than its baseline at that seed
+    with pytest.raises(SystemExit, match="bft/seed1 and .*standard/seed1 are compared .* trained on different data"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t2")])
+    inject(root / "bft" / "seed1", "1" * 64)
+    inject(root / "standard" / "seed1", "1" * 64, sha="b" * 64)  # another raw file
+    inject(root / "bft" / "seed1", "1" * 64, sha="b" * 64)
+    with pytest.raises(SystemExit, match="different data \\(data sha256"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t3")])
+
+
 def test_a_truncated_metrics_json_is_named_in_one_line(runs, tmp_path):
     """issue 50: make_tables on a torn metrics.json names the file, instead of a 22-line traceback."""
     mt = _make_tables()

@@ -259,17 +259,28 @@ def check_comparable(groups: dict) -> None:
     """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
     between a layer and its standard baseline); one line naming both folders and the keys.
 
-    Compared are the seeds of a cell and each non-standard cell with its standard baseline (``baseline``).
+    Compared are the seeds of a cell and each non-standard cell with its standard baseline (``baseline``),
+    first seed against every seed and each seed against the baseline's same seed. Data: the same file and
+    processed data everywhere, except that runs whose training histories were injected with noise by different
+    injection seeds (``dataset.inject_seed: null``: each training seed its own noise, ``bftrec.data.inject``)
+    differ in the processed data by design: for them only the raw file is compared; a layer and its baseline
+    at one seed share the injection seed, so their processed data are compared in full.
     """
     for key, rs in groups.items():
         base = baseline(groups, key) if key[3] != STANDARD else None
+        layer_allowed = ("seed", "tag", "tuned_config", "layer.")
         pairs = [(rs[0], r, ("seed", "tag")) for r in rs[1:]]
-        pairs += [(rs[0], r, ("seed", "tag", "tuned_config", "layer.")) for r in base or []]
+        pairs += [(rs[0], r, layer_allowed) for r in base or []]
+        pairs += [(r, b, layer_allowed) for r in rs[1:] for b in base or [] if b.get("seed") == r.get("seed")]
         for ref, r, allowed in pairs:
             pa, pb = ({k: v for k, v in x["protocol"].items() if k != "repeat_target_share"} for x in (ref, r))
             diff = [k for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
             diff += config_differences(ref, r, ignore=allowed)
-            data = other_data(identity_of_stats(ref.get("data")), identity_of_stats(r.get("data")))
+            ia, ib = identity_of_stats(ref.get("data")), identity_of_stats(r.get("data"))
+            inj_a, inj_b = ((x.get("data") or {}).get("injection") or {} for x in (ref, r))
+            if inj_a.get("seed") != inj_b.get("seed"):  # noise injected per seed: the raw file must still agree
+                ia, ib = {**ia, "fingerprint": None}, {**ib, "fingerprint": None}
+            data = other_data(ia, ib)
             if data:  # issue 50: the same config on two different files is two experiments
                 raise SystemExit(f"bftrec-report: {ref['_dir']} and {r['_dir']} are compared in one table "
                                  "but trained on "
