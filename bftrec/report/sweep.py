@@ -131,7 +131,11 @@ def figure(rows: pd.DataFrame, key: str, metric: str, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(ENDPOINTS), figsize=(4 * len(ENDPOINTS), 3.2), sharey=False)
     for ax, stratum in zip(axes, ENDPOINTS):
-        for layer, g in rows[rows["stratum"] == stratum].groupby("layer"):
+        here = rows[rows["stratum"] == stratum]
+        if here["gain_seeds"].isna().all():  # e.g. Q0 with too few hits: say so instead of an empty panel
+            note = "; ".join(sorted({str(x) for x in here["test_note"].dropna() if str(x)})) or "no gain defined"
+            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        for layer, g in here.groupby("layer"):
             y = g["gain_seeds"] * 100
             lo = (g["gain_seeds"] - g["ci_lo_seeds"]).fillna(0) * 100
             hi = (g["ci_hi_seeds"] - g["gain_seeds"]).fillna(0) * 100
