@@ -12,7 +12,9 @@ load hits every setting alike:
 - ``bft_compiled``: ``layer=bft`` with ``trainer.compile_precision=true`` (the precision formulas through
   ``torch.compile``; compiled in the untimed first batch).
 
-``--settings`` picks a subset (``reference`` is always run).
+``--settings`` picks a subset (``reference`` is always run). ``--profile N`` then runs ``N`` more steps of each
+setting under ``torch.profiler`` and writes its operator table (self CPU time, top 25) per setting to
+``<out>.profile.txt``, with the milliseconds per step: where a setting's extra time goes.
 
 Each setting has its own model and optimizer, built from the same seed. Time is the process CPU time of zero_grad,
 loss, backward and the optimizer step (``time.process_time``: one thread, so another job on the machine moves it
@@ -78,11 +80,32 @@ def build(extra: list[str]):
     return model.train(), _optimizer(model, tc), tc, data, g["model"].max_len
 
 
+def profile(runs: dict, batches: list[dict], path: Path, command: str) -> None:
+    """Each setting's operator table over ``batches`` (self CPU time, top 25), into ``path``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    parts = [f"# {command}\n# torch.profiler over {len(batches)} steps per setting (zero_grad, loss, backward, step)\n"]
+    for name, (model, opt, t, _, _) in runs.items():
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for b in batches:
+                loss = model.training_loss({**b, "last_position_only": t.last_position_only})
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        events = prof.key_averages()
+        per_step = sum(e.self_cpu_time_total for e in events) / 1e3 / len(batches)
+        parts.append(f"\n## {name}: {per_step:.1f} ms self CPU per step\n"
+                     + events.table(sort_by="self_cpu_time_total", row_limit=25))
+    path.write_text("\n".join(parts))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20, help="timed steps per setting and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
+    ap.add_argument("--profile", type=int, default=0, help="profile this many more steps per setting (0: none)")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "fast_paths_cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -121,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
            "mean_targets_per_step": float(np.mean([b["seq"].shape[0] for b in batches[1:]]))}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    if args.profile:
+        profile(runs, batches[1:args.profile + 1], Path(args.out).with_suffix(".profile.txt"), out["command"])
     print(json.dumps(out["ratio_to_reference"], indent=2))
 
 
