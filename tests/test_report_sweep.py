@@ -42,6 +42,9 @@ def test_the_trend_is_a_test_over_per_seed_slopes(tmp_path):
     assert t["slope_per_unit"] == pytest.approx(0.2, abs=1e-3)
     assert (t["ci_hi"] - t["ci_lo"]) / 2 == pytest.approx(0.2484, abs=1e-3)
     assert t["p_seeds"] == pytest.approx(0.0742, abs=1e-3)
+    rows["test_note"] = rows["test_note"].astype(object)
+    rows.loc[rows["stratum"] == "cold", "test_note"] = ["", "n/a (too few hits)", ""]  # one value untested
+    assert trend(rows).set_index("stratum").loc["cold", "seeds"] == 0
 
 
 def test_writes_table_and_figure_and_refuses_bad_input_in_one_line(tmp_path, capsys):

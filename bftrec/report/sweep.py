@@ -72,12 +72,16 @@ def parse_seed_gains(text) -> dict[int, float]:
 def trend(rows: pd.DataFrame) -> pd.DataFrame:
     """Per layer and endpoint: the per-seed slopes of the gain against the value (seeds present at every
     value), their mean, 95% t interval and two-sided one-sample t-test p (``seed_t_p``), and the seeds.
-    A slope is in relative gain per unit of the value (×0.1 for "per +0.1"). NaN where fewer than 2 seeds."""
+    A slope is in relative gain per unit of the value (×0.1 for "per +0.1"). NaN where fewer than 2 seeds, and
+    no trend where a value of the endpoint has no test (``test_note`` n/a: too few seeds or baseline hits)."""
     out = []
     for (layer, stratum), g in rows.groupby(["layer", "stratum"], sort=False):
         by_value = {v: parse_seed_gains(s) for v, s in zip(g["value"], g["seed_gains"])}
         seeds = sorted(set.intersection(*(set(d) for d in by_value.values()))) if by_value else []
         xs = np.array(sorted(by_value))
+        untested = g["test_note"].fillna("").astype(str).str.startswith("n/a").any()
+        if untested:  # a gain without a test at some value gets no trend either
+            seeds = []
         slopes = [float(np.polyfit(xs, [by_value[x][s] for x in xs], 1)[0]) for s in seeds] if len(xs) > 1 else []
         mean = float(np.mean(slopes)) if slopes else np.nan
         half = (float(st.t.ppf(0.975, len(slopes) - 1) * np.std(slopes, ddof=1) / np.sqrt(len(slopes)))
