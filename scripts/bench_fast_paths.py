@@ -80,6 +80,15 @@ def build(extra: list[str]):
     return model.train(), _optimizer(model, tc), tc, data, g["model"].max_len
 
 
+def step(model, opt, t, batch: dict) -> torch.Tensor:
+    """One training step of a setting (zero_grad, loss, backward, optimizer step); returns the loss."""
+    loss = model.training_loss({**batch, "last_position_only": t.last_position_only})
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def profile(runs: dict, batches: list[dict], path: Path, command: str) -> None:
     """Each setting's operator table over ``batches`` (self CPU time, top 25), into ``path``."""
     from torch.profiler import ProfilerActivity
@@ -89,10 +98,7 @@ def profile(runs: dict, batches: list[dict], path: Path, command: str) -> None:
     for name, (model, opt, t, _, _) in runs.items():
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             for b in batches:
-                loss = model.training_loss({**b, "last_position_only": t.last_position_only})
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                step(model, opt, t, b)
         events = prof.key_averages()
         per_step = sum(e.self_cpu_time_total for e in events) / 1e3 / len(batches)
         parts.append(f"\n## {name}: {per_step:.1f} ms self CPU per step\n"
@@ -125,11 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             cpu = 0.0
             for k, b in enumerate(batches):
                 c0 = time.process_time()
-                loss = model.training_loss({**b, "last_position_only": t.last_position_only})
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                loss.item()
+                step(model, opt, t, b).item()
                 if k:  # the first batch of a round warms up
                     cpu += time.process_time() - c0
             per_round[name].append(cpu / args.steps)

@@ -35,10 +35,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy.stats import t as t_dist
 
 from bftrec.report.runs import baseline, cells, describe_missing, is_counted, run_note, select_runs
-from bftrec.report.stats import seed_t_p
+from bftrec.report.stats import seed_t_half, seed_t_p
 from bftrec.report.tables import _lookup, comparisons, matched_seeds, seed_gain_values
 
 log = logging.getLogger("bftrec.report.figures")
@@ -130,7 +129,7 @@ def seed_unit_bar(rs: list[dict], base: list[dict], stratum: str, metric: str, r
         g = float(np.mean(gains)) if ok else None
         lo = hi = None
         if ok and len(gains) > 1:
-            half = t_dist.ppf(0.975, len(gains) - 1) * np.std(gains, ddof=1) / np.sqrt(len(gains))
+            half = seed_t_half(gains)
             lo, hi = g - half, g + half
         p, ph = (seed_t_p(gains) if ok else None), None
     def num(x):

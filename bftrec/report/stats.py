@@ -47,6 +47,15 @@ def seed_t_p(gains) -> float | None:
     return float(ttest_1samp(vals, 0.0).pvalue)
 
 
+def seed_t_half(values, level: float = 0.95) -> float:
+    """Half-width of the two-sided ``level`` t interval of the mean of ``values`` (one per seed):
+    ``t(1 − (1 − level)/2, n − 1) · SD(ddof=1) / √n``; NaN with fewer than 2 values."""
+    vals = np.asarray(values, dtype=float)
+    if len(vals) < 2:
+        return float("nan")
+    return float(t_dist.ppf(1 - (1 - level) / 2, len(vals) - 1) * np.std(vals, ddof=1) / np.sqrt(len(vals)))
+
+
 def mde_seeds(gains, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """The smallest absolute mean gain a two-sided one-sample t-test over ``len(gains)`` seeds detects
     with probability ``power`` at level ``alpha``, when the seeds vary as much as these did:

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats as st
 
 from bftrec.report.runs import command_line
-from bftrec.report.stats import seed_t_p
+from bftrec.report.stats import seed_t_half, seed_t_p
+from bftrec.report.tables import pct
+from bftrec.report.tables import pval as num
 
 ENDPOINTS = ("overall", "Q0", "cold")
 COLUMNS = ["layer", "value", "stratum", "seeds", "gain_seeds", "ci_lo_seeds", "ci_hi_seeds", "p_seeds",
@@ -84,8 +85,7 @@ def trend(rows: pd.DataFrame) -> pd.DataFrame:
             seeds = []
         slopes = [float(np.polyfit(xs, [by_value[x][s] for x in xs], 1)[0]) for s in seeds] if len(xs) > 1 else []
         mean = float(np.mean(slopes)) if slopes else np.nan
-        half = (float(st.t.ppf(0.975, len(slopes) - 1) * np.std(slopes, ddof=1) / np.sqrt(len(slopes)))
-                if len(slopes) >= 2 else np.nan)
+        half = seed_t_half(slopes)
         out.append({"layer": layer, "stratum": stratum, "values": len(xs), "seeds": len(slopes),
                     "slope_per_unit": mean, "ci_lo": mean - half, "ci_hi": mean + half,
                     "p_seeds": seed_t_p(slopes) if len(slopes) >= 2 else None,
@@ -95,12 +95,6 @@ def trend(rows: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(rows: pd.DataFrame, key: str, metric: str, command: str, slopes: pd.DataFrame | None = None,
              per: float = 1.0) -> str:
-    def pct(x) -> str:
-        return "–" if pd.isna(x) else f"{x * 100:+.1f}%"
-
-    def num(x) -> str:
-        return "–" if pd.isna(x) else f"{x:.3g}"
-
     lines = [f"# {metric} gain over `standard` against `{key}`", "",
              f"- Made by `{command}` from a `bftrec-report tables` folder's `comparisons.csv`.",
              "- gain: mean of the per-seed relative gains; 95% CI: two-stage bootstrap (seeds, then users); p_seeds: "
