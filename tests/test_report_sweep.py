@@ -63,3 +63,11 @@ def test_writes_table_and_figure_and_refuses_bad_input_in_one_line(tmp_path, cap
     assert report(["sweep", "--comparisons", str(bad), "--key", "windows", "--out", str(tmp_path / "o3")]) == 2
     assert "are not all numbers" in capsys.readouterr().err
     assert report(["sweep", "--comparisons", str(tmp_path / "nope.csv"), "--key", "k", "--out", "o"]) == 2
+    assert "nope.csv: no such file" in capsys.readouterr().err
+    assert report(["sweep", "--comparisons", str(comp), "--key", "dataset.inject_rate", "--per", "0",
+                   "--out", str(tmp_path / "o4")]) == 2
+    assert "--per 0.0: must be > 0" in capsys.readouterr().err
+    other = tmp_path / "overall.csv"
+    other.write_text("dataset,model\nml-100k,sasrec\n")
+    assert report(["sweep", "--comparisons", str(other), "--key", "k", "--out", str(tmp_path / "o5")]) == 2
+    assert "overall.csv lacks tag, metric, stratum, layer" in capsys.readouterr().err

@@ -16,7 +16,8 @@ least-squares slope of its per-seed gains (``seed_gains``) against the value; th
 its 95% t interval and a one-sample t-test over seeds (``trend.csv``, and a second table in ``sweep.md``).
 Within a seed both layers see the same injected data, so a seed's slope is paired by construction.
 
-Raises SystemExit (one line): no such file; no row whose tag sets ``--key``; a tag value that is not a number.
+Raises SystemExit (one line): no such file, or one that is not a ``comparisons.csv``; no row whose tag sets
+``--key``; a tag value that is not a number; ``--per`` not positive.
 """
 from __future__ import annotations
 
@@ -159,7 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.comparisons)
     if not path.is_file():
         raise SystemExit(f"bftrec-report sweep: --comparisons {path}: no such file; run bftrec-report tables first")
-    rows = sweep_rows(pd.read_csv(path), args.key, args.metric)
+    if not args.per > 0:
+        raise SystemExit(f"bftrec-report sweep: --per {args.per}: must be > 0 (the step of the value, 0.1 for rates)")
+    try:
+        comp = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise SystemExit(f"bftrec-report sweep: --comparisons {path}: not a readable CSV ({type(e).__name__}); "
+                         "pass the comparisons.csv that bftrec-report tables wrote") from None
+    lacking = [c for c in ("tag", "metric", "stratum", *COLUMNS) if c not in comp.columns and c != "value"]
+    if lacking:
+        raise SystemExit(f"bftrec-report sweep: --comparisons {path} lacks {', '.join(dict.fromkeys(lacking))}; "
+                         "pass the comparisons.csv that bftrec-report tables wrote")
+    rows = sweep_rows(comp, args.key, args.metric)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out / "sweep.csv", index=False)
