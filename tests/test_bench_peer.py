@@ -284,3 +284,25 @@ def test_progress_reports_a_stopped_run_without_recbole(tmp_path, monkeypatch, d
         bench.main(["--datasets", "synthetic", "--seeds", "2", "--workdir", str(tmp_path / "w"), "--progress",
                     "--out", str(out)])
     assert "\n" not in str(e.value)
+
+
+def test_fast_paths_reach_bftrecs_trainer_and_are_part_of_the_settings(tmp_path, monkeypatch, data, capsys):
+    """issue 49 item 2: --fast sets bftrec's trainer fast paths (the model is unchanged), a workdir state written
+    without them is not resumed with them, and last_position_only without --targets all is refused in one line."""
+    bench = load_script("bench_peer")
+    hp = {**bench.hyperparameters("synthetic", []), "max_len": L, "batch_size": 32}
+    fw = bench.Bftrec(data, hp, 0, "all", tmp_path / "b", ("last_position_only", "mask_dropout", "fused_optimizer"))
+    assert (fw.tc.train_windows, fw.tc.last_position_only, fw.tc.dropout, fw.tc.fused_optimizer) == (
+        "prefixes", True, "mask", True)
+    plain = bench.Bftrec(data, hp, 0, "all", tmp_path / "p")
+    assert (plain.tc.last_position_only, plain.tc.dropout, plain.tc.fused_optimizer) == (False, "torch", False)
+    monkeypatch.setattr(bench, "load_dataset", lambda cfg: data)
+    monkeypatch.setattr(bench, "Peer", _stand_in_peer(bench, fail_at=2))
+    args = (None, "synthetic", 0, 3, 10, hp, "all", 64)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_pair(*args, workdir=tmp_path / "w")
+    with pytest.raises(SystemExit, match=r"other settings .*'bftrec_fast_paths': \(None, \['mask_dropout'\]\)"):
+        bench.run_pair(*args, workdir=tmp_path / "w", fast=("mask_dropout",))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--fast", "last_position_only", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2 and "needs --targets all" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def test_tables_written_with_header_gain_and_p(runs, caplog):
     with caplog.at_level("INFO", logger="bftrec.report.tables"):
         mt.main(["--runs", str(runs / "runs"), "--out", str(runs / "tables")])
     out = caplog.text
-    assert "wrote 14 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
+    assert "wrote 16 files" in out and "summary.md" in out and "meta.md" in out  # says what it wrote
+    assert "beyond_tests.md" in out
     beyond = pd.read_csv(runs / "tables" / "beyond.csv")
     assert list(beyond["layer"]) == ["bft", "standard"] and "coverage@10" in beyond and "gini@10" in beyond
     overall = (runs / "tables" / "overall.md").read_text()
@@ -659,3 +660,53 @@ def test_a_preregistration_is_found_from_a_layers_own_folder(runs, tmp_path):
     _registered_study(runs, study, deep, "2026-12-06T12:00:00+00:00")
     _make_tables().main(["--runs", str(deep / "standard"), str(deep / "bft"), "--out", str(tmp_path / "t")])
     assert "pre-registration changed after the first registered run" in (tmp_path / "t" / "protocol.md").read_text()
+
+
+def _old_run(runs, tmp_path, layer="bft", seed=0) -> Path:
+    """A copy of a fixture run as if written before beyond-accuracy existed (no ``beyond_accuracy``)."""
+    import shutil
+
+    dst = tmp_path / "old" / layer / f"seed{seed}"
+    shutil.copytree(runs / "runs" / layer / f"seed{seed}", dst)
+    m = json.loads((dst / "metrics.json").read_text())
+    del m["beyond_accuracy"]
+    (dst / "metrics.json").write_text(json.dumps(m))
+    return dst
+
+
+def test_an_old_run_takes_beyond_accuracy_from_its_own_rescore(runs, tmp_path):
+    """issue 48 item 2: a run older than the metric, re-scored into <run>/eval_beyond, tables with the re-score's
+    block (marked), and the re-score is not an extra seed; a re-score with other item bins is passed over."""
+    from bftrec.evaluate import rescore
+
+    old = _old_run(runs, tmp_path)
+    assert "beyond_accuracy" not in rr.load_runs(old)[0]
+    rescore(old, ["eval.n_bins=3"], old / "eval_bins3")  # scored otherwise: its tail is another set of items
+    assert "beyond_accuracy" not in rr.load_runs(old)[0]
+    rescore(old, [], old / "eval_beyond")
+    (r,) = rr.load_runs(old)  # one run, not three
+    want = json.loads((runs / "runs" / "bft" / "seed0" / "metrics.json").read_text())["beyond_accuracy"]["overall"]
+    assert r["beyond_accuracy"]["from"] == "eval_beyond"
+    assert r["beyond_accuracy"]["overall"] == pytest.approx(want)
+    from bftrec.report.beyond import beyond_table
+
+    assert beyond_table({("d", "m", "", "bft"): [r]})["lists from"].iloc[0] == "re-score (1 of 1)"
+
+
+def test_beyond_tests_pair_seeds_and_test_over_them_hand_computed():
+    """Per-seed differences 0.01, 0.02, 0.03 (seed 3 of bft has no baseline: left out): mean 0.02, SD 0.01, 95% t
+    half-width t(0.975, 2) · 0.01 / √3 = 4.3027 · 0.005774 = 0.0248, t = 3.464 on 2 df: p = 0.0742."""
+    from bftrec.report.beyond import beyond_tests
+
+    def run(layer, seed, tail):
+        block = {"coverage@10": 0.5, "tail_share@10": tail, "popularity@10": 100.0 + seed, "gini@10": 0.9}
+        return {"seed": seed, "layer": layer, "beyond_accuracy": {"k": 10, "overall": block}}
+
+    groups = {("d", "m", "", "standard"): [run("standard", s, 0.10) for s in (0, 1, 2)],
+              ("d", "m", "", "bft"): [run("bft", s, 0.10 + d) for s, d in ((0, 0.01), (1, 0.02), (2, 0.03), (3, 0.5))]}
+    row = beyond_tests(groups).iloc[0]
+    assert row["layer"] == "bft" and row["paired seeds"] == 3
+    assert row["Δ tail_share@10 (95% CI, p_seeds)"] == "+0.0200 [-0.0048, +0.0448], p 0.0742"
+    assert row["Δ coverage@10 (95% CI, p_seeds)"] == "+0.0000 [+0.0000, +0.0000], p –"  # no spread: no test
+    groups[("d", "m", "", "bft")] = groups[("d", "m", "", "bft")][:1]
+    assert beyond_tests(groups).iloc[0]["Δ tail_share@10 (95% CI, p_seeds)"] == "+0.0100 (1 seed: no test)"

@@ -87,11 +87,42 @@ def load_runs(root) -> list[dict]:
         p = m.get("protocol")
         if isinstance(p, dict) and "exclude_scope" not in p:  # older than eval.exclude_scope: it scored as the
             p["exclude_scope"] = EvalConfig.exclude_scope if p.get("exclude_history") else None  # default does
+        if "beyond_accuracy" not in m:
+            found_block = rescored_beyond(mpath.parent, m)
+            if found_block is not None:
+                m["beyond_accuracy"] = found_block
         runs.append(m)
     if not runs:
         raise SystemExit(f"bftrec-report: no metrics.json under {', '.join(map(str, roots))}; run the experiment first")
     _name_variants(runs)
     return runs
+
+
+def _same_scoring(run: dict, re: dict) -> bool:
+    """Whether a re-score scored as the run did: the same protocol, item bins and cold-user threshold, and
+    the same overall test metrics (to float rounding: a different device or thread count may move the last
+    digits)."""
+    a, b = run.get("test", {}), re.get("test", {})
+    bins = [(x.get("lo"), x.get("hi")) for x in a.get("by_item_freq", [])]
+    if (re.get("protocol") != run.get("protocol") or bins != [(x.get("lo"), x.get("hi")) for x in b.get(
+            "by_item_freq", [])] or a.get("cold_users", {}).get("max_history") != b.get("cold_users", {}).get(
+            "max_history")):
+        return False
+    oa, ob = a.get("overall", {}), b.get("overall", {})
+    return bool(oa) and all(isinstance(ob.get(k), (int, float)) and abs(v - ob[k]) <= 1e-6 * max(1.0, abs(v))
+                            for k, v in oa.items() if isinstance(v, (int, float)))
+
+
+def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
+    """The ``beyond_accuracy`` block of a run written before the metric (issue 48 item 2), from the last (by name)
+    re-score in its folder (``<run>/eval_*/metrics.json``, ``bftrec-eval <run> --out <run>/eval_beyond``) that
+    scored as the run did (``_same_scoring``); the block gains ``from``: that folder's name. None if there is
+    none; a re-score that scored otherwise (other bins, another protocol) is passed over."""
+    for path in sorted(run_dir.glob("eval_*/metrics.json"), reverse=True):
+        re = _json(path)
+        if "beyond_accuracy" in re and _same_scoring(run, re):
+            return {**re["beyond_accuracy"], "from": path.parent.name}
+    return None
 
 
 def _name_variants(runs: list[dict]) -> None:

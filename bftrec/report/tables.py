@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import wilcoxon
 
+from bftrec.report.beyond import beyond_table, beyond_tests
 from bftrec.report.runs import (
     METRICS,
     STANDARD,
@@ -546,26 +547,6 @@ def mechanism_table(groups: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-BEYOND = ("coverage", "tail_share", "popularity", "gini")
-
-
-def beyond_table(groups: dict) -> pd.DataFrame:
-    """One row per cell whose runs have ``beyond_accuracy`` (bftrec/beyond.py): coverage, tail share, mean
-    popularity and Gini of the top-K lists, overall, mean ± std over seeds."""
-    rows = []
-    for key, rs in sorted(groups.items()):
-        rs = [r for r in rs if "beyond_accuracy" in r]
-        if not rs:
-            continue
-        k = rs[0]["beyond_accuracy"]["k"]
-        row = {"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "seeds": len(rs)}
-        for name in BEYOND:
-            row[f"{name}@{k}"] = fmt([r["beyond_accuracy"]["overall"][f"{name}@{k}"] for r in rs],
-                                     digits=1 if name == "popularity" else 4)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def _k_ends(mech: list[dict]) -> tuple[str, str] | None:
     """(grouping label, ``K Q0 / K Qn`` text) of the seed-mean K on the rarest and most popular bin: at the
     target where every run has ``at_target`` (issue 46 item 4), else by history token; None without runs."""
@@ -734,6 +715,12 @@ def main(argv: list[str] | None = None) -> None:
     if len(beyond):
         wrote += write(beyond, args.out, "beyond", "Beyond accuracy: the recommended top-K lists (mean ± std over "
                        "seeds; tail = the two rarest item bins)", head)
+    beyond_diff = beyond_tests(groups)
+    if len(beyond_diff):
+        wrote += write(beyond_diff, args.out, "beyond_tests", "Beyond accuracy, every layer against standard: the "
+                       "mean per-seed difference (layer − standard, the metric's units)",
+                       f"{head}\n- 95% t interval and two-sided t-test over the paired seeds (the seed is the unit); "
+                       "exploratory rows: not pre-registered, no Holm")
     summary = summary_table(groups, comp)
     if len(summary):
         wrote += write(summary, args.out, "summary", "Every layer against standard: the pre-registered endpoints "
