@@ -21,9 +21,21 @@ SASRec on Amazon Sports (35,598 users, 18,357 items) at its tuned config
 - **Peak RSS**: each variant runs in a fresh process; ``resource.getrusage(RUSAGE_SELF).ru_maxrss``
   at its end (the whole process: interpreter, torch, data, model, optimizer, steps).
 
-Variants of the CE head: ``chunked`` (the default, ``model.ce_chunk``), ``plain`` (``model.ce_chunk=0``,
-the materialised reference) and ``legacy`` (the head before issue 11.3, copied below: logits over the
-whole table divided by the temperature, column 0 overwritten in place, ``F.cross_entropy``).
+Training windows are the tuned config's (``trainer.train_windows``: ``prefixes`` for Sports since 2026-12-05, one
+window per training target with the loss at its last column), cut, batched and trimmed by the trainer's own
+functions (``train_window_set``, ``epoch_batches``, ``trim_left``).
+
+Variants: ``chunked`` (the default CE head, ``model.ce_chunk``), ``plain`` (``model.ce_chunk=0``, the
+materialised reference), ``legacy`` (the head before issue 11.3, copied below: logits over the whole table
+divided by the temperature, column 0 overwritten in place, ``F.cross_entropy``) and ``fast`` (``chunked`` with
+the trainer's opt-in fast paths: ``trainer.last_position_only`` under ``prefixes``, ``trainer.dropout=mask``,
+``trainer.fused_optimizer``; docs/results.md §3.1).
+
+Two bounds per variant: ``bound_s``, the FLOPs that variant computes at the measured GEMM rates, and
+``needed_bound_s``, the FLOPs the loss needs (under ``prefixes`` the last block's queries, output projection and
+FFN at the last position alone, as ``fast`` computes them). The GEMM rates are measured at the epoch's shapes,
+the head's three GEMMs at the FLOP-weighted median P and the encoder's projection GEMMs at the FLOP-weighted
+median B·L'; a class of FLOPs is charged at its own rate.
 A chunk sweep times the head alone (forward + backward) at that batch's P: it chose ``CE_CHUNK``.
 
 Usage (needs ``$BFTREC_DATA_ROOT`` holding Amazon Sports)::
@@ -36,9 +48,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -53,9 +65,17 @@ sys.path.insert(0, str(ROOT))
 
 from bftrec.data.batches import trim_left  # noqa: E402
 from bftrec.models import base  # noqa: E402
-from bftrec.trainer import _optimizer, epoch_batches, seed_everything, training_tensors  # noqa: E402
+from bftrec.trainer import (  # noqa: E402
+    _optimizer,
+    epoch_batches,
+    seed_everything,
+    train_window_set,
+    use_mask_dropout,
+)
 
-VARIANTS = ("legacy", "plain", "chunked")
+log = logging.getLogger("bench_train")
+VARIANTS = ("legacy", "plain", "chunked", "fast")
+DEFAULT_VARIANTS = ("chunked", "fast")
 OVERRIDES = ["dataset=sports", "model=sasrec", "model.loss=ce", "trainer.device=cpu"]
 SWEEP = (32, 64, 128, 256, 512, 1024)
 
@@ -70,10 +90,15 @@ def build(variant: str, threads: int):
     from bftrec.experiment import typed_groups
 
     torch.set_num_threads(threads)
-    over = OVERRIDES + [f"trainer.num_threads={threads}"] + (["model.ce_chunk=0"] if variant != "chunked" else [])
+    over = OVERRIDES + [f"trainer.num_threads={threads}"] + (["model.ce_chunk=0"] if variant in ("plain", "legacy")
+                                                             else [])
+    if variant == "fast":
+        over += ["trainer.dropout=mask", "trainer.fused_optimizer=true"]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose("train", overrides=over)
     g = typed_groups(cfg)
+    if variant == "fast" and g["trainer"].train_windows == "prefixes":
+        g["trainer"].last_position_only = True
     seed_everything(g["root"].seed, False)
     data, _, model = build_model(g, torch.device("cpu"))
     if variant == "legacy":
@@ -95,33 +120,43 @@ def legacy_next_item_loss(h, targets, item_emb, loss, n_negatives, n_items, bias
 
 
 def epoch_shapes(data, tc, seed: int, max_len: int):
-    """Epoch 1's batches as the trainer builds them: list of (row indices, B, L', P)."""
-    seqs, _ = training_tensors(data, max_len, torch.device("cpu"))
-    lengths = seqs.ne(0).sum(1)
+    """Epoch 1's batches as the trainer builds them (its windows, order and trimming): the window set and a
+    list of (row indices, B, L', P), P the loss positions (one per window under ``prefixes``)."""
+    tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows, tc.train_window_stride)
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for idx in epoch_batches(lengths, tc.batch_size, gen, 0, 1, tc.length_bucketing):
-        seq = trim_left(seqs[idx])  # (B, L' + 1)
-        P = int((seq[:, 1:].ne(0) & seq[:, :-1].ne(0)).sum())
+    for idx in epoch_batches(tw.lengths(), tc.batch_size, gen, 0, 1, tc.length_bucketing):
+        seq = trim_left(tw.batch(idx)["seq"])  # (B, L' + 1)
+        pairs = seq[:, 1:].ne(0) & seq[:, :-1].ne(0)  # (B, L') input and target both real
+        P = int((pairs[:, -1] if tc.train_windows == "prefixes" else pairs).sum())
         out.append((idx, seq.shape[0], seq.shape[1] - 1, P))
-    return seqs, out
+    return tw, out
 
 
-def flop(B: int, L: int, P: int, mc, n_items: int) -> dict:
-    """Forward + backward matmul FLOPs of one SASRec step: encoder and head (3x the forward)."""
+def step_batch(tw, idx, tc) -> dict:
+    """The batch ``bftrec.trainer._train_epoch`` feeds the model: trimmed, with the prefixes flags."""
+    batch = {"seq": trim_left(tw.batch(idx)["seq"])}
+    if tc.train_windows == "prefixes":
+        batch["last_target_only"] = True
+        batch["last_position_only"] = tc.last_position_only
+    return batch
+
+
+def flop(B: int, L: int, P: int, mc, n_items: int, last_only: bool = False) -> dict:
+    """Forward + backward matmul FLOPs of one SASRec step: encoder and head (3x the forward). ``last_only``:
+    the last block computes its fused QKV projection at all L positions (keys and values need them; the
+    queries come with them) but attention, output projection and FFN at the last one alone
+    (``trainer.last_position_only``)."""
     D, F_, T = mc.d_model, mc.d_ff, B * L
-    enc = mc.n_layers * (T * (2 * D * 3 * D + 2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * L * D)
+    full = T * (2 * D * 3 * D + 2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * L * D  # one block, every position
+    last = T * 2 * D * 3 * D + B * (2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * D  # QKV at all; the rest at 1
+    enc = (mc.n_layers - 1) * full + (last if last_only else full)
     return {"encoder": 3 * enc, "head": 3 * 2 * P * n_items * D}
 
 
 # ------------------------------------------------------------------------------------------------ measures
-def gemm_rate(P: int, N: int, D: int, reps: int) -> dict:
-    """GFLOP/s of the three head GEMMs at (P, N, D), outputs preallocated, best of ``reps`` (CPU time)."""
-    g = torch.Generator().manual_seed(0)
-    h, W, G = torch.randn(P, D, generator=g), torch.randn(N, D, generator=g), torch.rand(P, N, generator=g)
-    o1, o2, o3 = torch.empty(P, N), torch.empty(P, D), torch.empty(N, D)
-    calls = {"h @ W^T (P, N)": lambda: torch.mm(h, W.t(), out=o1), "G @ W (P, D)": lambda: torch.mm(G, W, out=o2),
-             "G^T @ h (N, D)": lambda: torch.mm(G.t(), h, out=o3)}
+def _best_cpu_s(calls: dict, reps: int) -> dict:
+    """Best CPU seconds of each call over ``reps`` runs after one warm-up run."""
     best = {}
     for name, f in calls.items():
         f()
@@ -131,9 +166,43 @@ def gemm_rate(P: int, N: int, D: int, reps: int) -> dict:
             f()
             ts.append(time.process_time() - t0)
         best[name] = min(ts)
+    return best
+
+
+def gemm_rate(P: int, N: int, D: int, reps: int) -> dict:
+    """GFLOP/s of the three head GEMMs at (P, N, D), outputs preallocated, best of ``reps`` (CPU time)."""
+    g = torch.Generator().manual_seed(0)
+    h, W, G = torch.randn(P, D, generator=g), torch.randn(N, D, generator=g), torch.rand(P, N, generator=g)
+    o1, o2, o3 = torch.empty(P, N), torch.empty(P, D), torch.empty(N, D)
+    best = _best_cpu_s({"h @ W^T (P, N)": lambda: torch.mm(h, W.t(), out=o1),
+                        "G @ W (P, D)": lambda: torch.mm(G, W, out=o2),
+                        "G^T @ h (N, D)": lambda: torch.mm(G.t(), h, out=o3)}, reps)
     fl = 2 * P * N * D
     return {"P": P, "N": N, "D": D, "per_gemm_gflops": {k: fl / v / 1e9 for k, v in best.items()},
             "gflops": 3 * fl / sum(best.values()) / 1e9}
+
+
+def encoder_gemm_rate(T: int, D: int, F_: int, reps: int) -> dict:
+    """GFLOP/s of the encoder's projection GEMMs at T tokens (QKV (T, D) x (D, 3D), FFN in (T, D) x (D, F), FFN
+    out (T, F) x (F, D)), outputs preallocated, best of ``reps`` (CPU time), FLOP-weighted over the three."""
+    g = torch.Generator().manual_seed(0)
+    x, h = torch.randn(T, D, generator=g), torch.randn(T, F_, generator=g)
+    w_qkv, w1, w2 = (torch.randn(D, 3 * D, generator=g), torch.randn(D, F_, generator=g),
+                     torch.randn(F_, D, generator=g))
+    o_qkv, o1, o2 = torch.empty(T, 3 * D), torch.empty(T, F_), torch.empty(T, D)
+    best = _best_cpu_s({"QKV (T, D) x (D, 3D)": lambda: torch.mm(x, w_qkv, out=o_qkv),
+                        "FFN in (T, D) x (D, F)": lambda: torch.mm(x, w1, out=o1),
+                        "FFN out (T, F) x (F, D)": lambda: torch.mm(h, w2, out=o2)}, reps)
+    fl = {"QKV (T, D) x (D, 3D)": 2 * T * D * 3 * D, "FFN in (T, D) x (D, F)": 2 * T * D * F_,
+          "FFN out (T, F) x (F, D)": 2 * T * F_ * D}
+    return {"T": T, "D": D, "F": F_, "per_gemm_gflops": {k: fl[k] / v / 1e9 for k, v in best.items()},
+            "gflops": sum(fl.values()) / sum(best.values()) / 1e9}
+
+
+def weighted_median(values: list[int]) -> int:
+    """The value at which the running sum of the sorted values first reaches half their total."""
+    v = sorted(values)
+    return int(next(x for x, c in zip(v, np.cumsum(v)) if c >= sum(v) / 2))
 
 
 def chunk_sweep(P: int, N: int, D: int, reps: int) -> dict:
@@ -158,7 +227,9 @@ def chunk_sweep(P: int, N: int, D: int, reps: int) -> dict:
 def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
     """Child process: time the trainer steps of one variant; peak RSS at the end."""
     model, data, tc, seed, mc = build(variant, threads)
-    seqs, shapes = epoch_shapes(data, tc, seed, mc.max_len)
+    tw, shapes = epoch_shapes(data, tc, seed, mc.max_len)
+    if tc.dropout == "mask":
+        use_mask_dropout(model)
     opt = _optimizer(model, tc)
     model.train()
     biggest = max(range(len(shapes)), key=lambda i: shapes[i][3])
@@ -166,7 +237,7 @@ def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
     timed = order[warmup: warmup + steps]
     cpu = wall = 0.0
     for k, i in enumerate(order[: warmup + steps]):
-        batch = {"seq": trim_left(seqs[shapes[i][0]])}
+        batch = step_batch(tw, shapes[i][0], tc)
         c0, w0 = time.process_time(), time.perf_counter()
         loss = model.training_loss(batch)
         opt.zero_grad(set_to_none=True)
@@ -177,23 +248,31 @@ def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
             cpu, wall = cpu + time.process_time() - c0, wall + time.perf_counter() - w0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return {"timed_batches": timed, "timed_cpu_s": cpu, "timed_wall_s": wall, "peak_rss_bytes": peak,
-            "biggest_batch_P": shapes[biggest][3], "n_batches": len(shapes)}
+            "biggest_batch_P": shapes[biggest][3], "n_batches": len(shapes),
+            "fast_paths": {"last_position_only": tc.last_position_only, "dropout": tc.dropout,
+                           "fused_optimizer": tc.fused_optimizer}}
 
 
-def flop_check(model, seqs, shapes, mc, n_items: int, picks) -> list:
+def flop_check(model, tw, shapes, mc, tc, n_items: int, picks) -> list:
     """The formula against FlopCounterMode on a few real batches (loss + backward), with the plain head:
-    FlopCounterMode counts the autograd GEMMs but not the chunked head's in-place ``addmm_``."""
+    FlopCounterMode counts the autograd GEMMs but not the chunked head's in-place ``addmm_``. Under
+    ``prefixes`` each batch is counted with and without ``last_position_only``."""
+    from dataclasses import replace
+
     from torch.utils.flop_counter import FlopCounterMode
 
     out = []
     chunk, model.cfg.ce_chunk = model.cfg.ce_chunk, 0
+    modes = (False, True) if tc.train_windows == "prefixes" else (False,)
     for i in picks:
         idx, B, L, P = shapes[i]
-        with FlopCounterMode(display=False) as fc:
-            model.training_loss({"seq": trim_left(seqs[idx])}).backward()
-        model.zero_grad(set_to_none=True)
-        f = flop(B, L, P, mc, n_items)
-        out.append({"B": B, "L": L, "P": P, "formula": f["encoder"] + f["head"], "counted": fc.get_total_flops()})
+        for last_only in modes:
+            with FlopCounterMode(display=False) as fc:
+                model.training_loss(step_batch(tw, idx, replace(tc, last_position_only=last_only))).backward()
+            model.zero_grad(set_to_none=True)
+            f = flop(B, L, P, mc, n_items, last_only)
+            out.append({"B": B, "L": L, "P": P, "last_position_only": last_only, "formula": f["encoder"] + f["head"],
+                        "counted": fc.get_total_flops()})
     model.cfg.ce_chunk = chunk
     return out
 
@@ -217,68 +296,91 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first: the largest batch)")
     ap.add_argument("--gemm-reps", type=int, default=5)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "train_cpu.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     if a.child:
         print(json.dumps(run_variant(a.child, a.steps, a.warmup, a.threads)))
         return
     if not os.environ.get("BFTREC_DATA_ROOT"):
         sys.exit("bench_train.py: error: set BFTREC_DATA_ROOT to the folder holding Amazon Sports")
+    unknown = sorted(set(a.variants.split(",")) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--variants {','.join(unknown)}: unknown; choose from {', '.join(VARIANTS)}")
     started, load0 = time.time(), os.getloadavg()
     model, data, tc, seed, mc = build("chunked", a.threads)
     N, D = data.n_items, mc.d_model
-    seqs, shapes = epoch_shapes(data, tc, seed, mc.max_len)
-    per = [flop(B, L, P, mc, N) for _, B, L, P in shapes]
-    epoch_flop = sum(f["encoder"] + f["head"] for f in per)
-    P_all = sorted(s[3] for s in shapes)
-    P_med = next(p for p, c in zip(P_all, np.cumsum(P_all)) if c >= sum(P_all) / 2)  # FLOP-weighted median
-    rate = gemm_rate(int(P_med), N, D, a.gemm_reps)
-    sweep = chunk_sweep(int(P_med), N, D, 3)
-    order = sorted(range(len(shapes)), key=lambda i: shapes[i][3])
-    check = flop_check(model, seqs, shapes, mc, N, [order[0], order[len(order) // 2]])
+    tw, shapes = epoch_shapes(data, tc, seed, mc.max_len)
+    prefixes = tc.train_windows == "prefixes"
+    per = {lo: [flop(B, L, P, mc, N, lo) for _, B, L, P in shapes] for lo in ((False, True) if prefixes else (False,))}
+    needed = per[prefixes]  # the FLOPs the loss needs: under prefixes, the last block at the last position only
+    epoch = {lo: {"gflop": sum(f["encoder"] + f["head"] for f in fs) / 1e9,
+                  "gflop_head": sum(f["head"] for f in fs) / 1e9,
+                  "gflop_encoder": sum(f["encoder"] for f in fs) / 1e9} for lo, fs in per.items()}
+    P_med = weighted_median([s[3] for s in shapes])  # FLOP-weighted median of the head's P
+    T_med = weighted_median([s[1] * s[2] for s in shapes])  # and of the encoder's tokens B·L'
+    rate = gemm_rate(P_med, N, D, a.gemm_reps)
+    enc_rate = encoder_gemm_rate(T_med, D, mc.d_ff, a.gemm_reps)
+    sweep = chunk_sweep(P_med, N, D, 3)
+    order = sorted(range(len(shapes)), key=lambda i: shapes[i][1] * shapes[i][2])
+    check = flop_check(model, tw, shapes, mc, tc, N, [order[0], order[len(order) // 2]])
     evaluation = eval_cost(model, data, mc.max_len)
+
+    def bound(fs: list, batches) -> float:
+        """Seconds of the matmuls of ``batches`` at the measured rates (head and encoder each at its own)."""
+        return sum(fs[i]["head"] / (rate["gflops"] * 1e9) + fs[i]["encoder"] / (enc_rate["gflops"] * 1e9)
+                   for i in batches)
+
     results = {}
     for v in a.variants.split(","):
         cmd = [sys.executable, __file__, "--child", v, "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--threads", str(a.threads)]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        timed_flop = sum(per[i]["encoder"] + per[i]["head"] for i in r["timed_batches"])
-        bound_s = timed_flop / (rate["gflops"] * 1e9)
+        fs = per[bool(r["fast_paths"]["last_position_only"])]  # what this variant computes
+        timed = r["timed_batches"]
+        timed_flop = sum(fs[i]["encoder"] + fs[i]["head"] for i in timed)
+        epoch_flop = sum(f["encoder"] + f["head"] for f in fs)
+        bound_s, needed_s = bound(fs, timed), bound(needed, timed)
         results[v] = {
-            "timed_steps": len(r["timed_batches"]), "timed_gflop": timed_flop / 1e9,
+            "fast_paths": r["fast_paths"], "timed_steps": len(timed), "timed_gflop": timed_flop / 1e9,
             "timed_cpu_s": r["timed_cpu_s"], "timed_wall_s": r["timed_wall_s"], "bound_s": bound_s,
-            "x_bound_cpu": r["timed_cpu_s"] / bound_s, "x_bound_wall": r["timed_wall_s"] / bound_s,
-            "x_bound_cpu_at_fastest_gemm": r["timed_cpu_s"] * max(rate["per_gemm_gflops"].values()) * 1e9 / timed_flop,
+            "needed_bound_s": needed_s, "x_bound_cpu": r["timed_cpu_s"] / bound_s,
+            "x_bound_wall": r["timed_wall_s"] / bound_s, "x_needed_bound_cpu": r["timed_cpu_s"] / needed_s,
             "epoch_cpu_s": r["timed_cpu_s"] * epoch_flop / timed_flop,
             "epoch_wall_s": r["timed_wall_s"] * epoch_flop / timed_flop,
-            "epoch_cpu_s_by_steps": r["timed_cpu_s"] * len(shapes) / len(r["timed_batches"]),
+            "epoch_cpu_s_by_steps": r["timed_cpu_s"] * len(shapes) / len(timed),
             "peak_rss_gb": r["peak_rss_bytes"] / 1e9}
-        print(f"{v:8s} {results[v]['epoch_cpu_s']:7.1f} s/epoch (CPU)  {results[v]['x_bound_cpu']:.2f}x bound  "
-              f"peak RSS {results[v]['peak_rss_gb']:.2f} GB")
+        log.info("%-8s %7.1f s/epoch (CPU)  %.2fx its bound, %.2fx the needed bound  peak RSS %.2f GB", v,
+                 results[v]["epoch_cpu_s"], results[v]["x_bound_cpu"], results[v]["x_needed_bound_cpu"],
+                 results[v]["peak_rss_gb"])
     out = {
         "command": "BFTREC_DATA_ROOT=... python scripts/bench_train.py " + " ".join(argv or sys.argv[1:]),
         "device": "cpu", "device_name": _cpu_name(), "torch": torch.__version__, "threads": a.threads,
         "cpu_count": os.cpu_count(), "load_average_start": list(load0), "load_average_end": list(os.getloadavg()),
         "config": {"tuned": "configs/tuned/sports_sasrec.yaml", "overrides": OVERRIDES,
                    "model": {k: getattr(mc, k) for k in ("d_model", "n_layers", "n_heads", "d_ff", "max_len")},
-                   "ce_chunk_default": base.CE_CHUNK, "batch_size": tc.batch_size,
+                   "ce_chunk_default": base.CE_CHUNK, "batch_size": tc.batch_size, "train_windows": tc.train_windows,
                    "length_bucketing": tc.length_bucketing, "n_items": N, "n_users": int(data.n_users)},
-        "epoch": {"batches": len(shapes), "positions_P": sum(s[3] for s in shapes),
-                  "gflop": epoch_flop / 1e9, "gflop_head": sum(f["head"] for f in per) / 1e9,
-                  "gflop_encoder": sum(f["encoder"] for f in per) / 1e9,
-                  "median_batch_P": int(statistics.median(P_all)),
-                  "flop_weighted_median_batch_P": int(P_med), "max_batch_P": P_all[-1],
+        "epoch": {"batches": len(shapes), "windows": len(tw), "positions_P": sum(s[3] for s in shapes),
+                  "tokens_BL": sum(s[1] * s[2] for s in shapes), "computed_every_position": epoch[False],
+                  **({"computed_last_position_only": epoch[True]} if prefixes else {}),
+                  "flop_weighted_median_batch_P": P_med, "flop_weighted_median_batch_tokens": T_med,
                   "flop_counting": "forward + backward (3x forward) matmul FLOPs of the encoder (QKV, out, FFN, "
-                                   "QK^T, AV) and the head (2 P N D forward) over epoch 1's real trimmed batches"},
+                                   "QK^T, AV) and the head (2 P N D forward) over epoch 1's real trimmed batches; "
+                                   "last_position_only: the last block's QKV projection at every position, the "
+                                   "rest at the last"},
         "flop_check": check,
         "gemm_rate": rate,
+        "encoder_gemm_rate": enc_rate,
         "extrapolation": "epoch_s = timed_s x epoch_gflop / timed_gflop over the first --steps batches of epoch 1 "
                          "after --warmup steps (the first warm-up step: the epoch's largest batch); "
                          "epoch_cpu_s_by_steps = timed_s x batches / timed steps",
-        "x_bound": "timed_s / (timed_gflop / gemm_rate.gflops); _cpu: process CPU time, _wall: wall clock; "
-                   "_at_fastest_gemm: the bound at the fastest of the three head GEMMs' rates (stricter)",
+        "x_bound": "timed_s / bound_s, bound_s = head GFLOP / gemm_rate.gflops + encoder GFLOP / "
+                   "encoder_gemm_rate.gflops of what the variant computes; x_needed_bound: the same against the "
+                   "FLOPs the loss needs (prefixes: the last block at the last position only); _cpu: process CPU "
+                   "time, _wall: wall clock",
         "peak_rss": "ru_maxrss of a fresh process per variant (interpreter, torch, data, model, Adam, steps)",
         "chunk_sweep_head_alone": sweep,
         "eval_valid_full_ranking": evaluation,
@@ -287,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {a.out}")
+    log.info("wrote %s", a.out)
 
 
 def _cpu_name() -> str:
