@@ -11,7 +11,7 @@ SASRec on Amazon Sports (35,598 users, 18,357 items) at its tuned config
   against ``torch.utils.flop_counter.FlopCounterMode`` on real batches (``flop_check``).
 - **GEMM rate**: the three head GEMMs ``torch.mm`` at the FLOP-weighted median batch's shapes, (P, D) x (D, N),
   (P, N) x (N, D) and (N, P) x (P, D), outputs preallocated, best of ``--gemm-reps``; one thread.
-- **Epoch time**: ``--steps`` trainer steps (zero_grad, loss, backward, Adam) on the first batches of
+- **Epoch time**: ``--steps`` trainer steps (zero_grad, loss, backward, Adam) on batches spread evenly over
   epoch 1 after ``--warmup`` steps (the first warm-up step is the epoch's largest batch, so the peak
   memory covers the whole epoch), extrapolated to the epoch by FLOP: ``epoch_s = timed_s x
   epoch_flop / timed_flop`` (the step-count extrapolation is recorded too). Times are the process
@@ -232,11 +232,16 @@ def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
         use_mask_dropout(model)
     opt = _optimizer(model, tc)
     model.train()
-    biggest = max(range(len(shapes)), key=lambda i: shapes[i][3])
-    order = [biggest] + [i for i in range(len(shapes)) if i != biggest]
-    timed = order[warmup: warmup + steps]
+    biggest = max(range(len(shapes)), key=lambda i: (shapes[i][1] * shapes[i][2], shapes[i][3]))  # tokens, then P
+    rest = [i for i in range(len(shapes)) if i != biggest]
+    # warm-up: the biggest batch, then the next ones; timed: --steps batches spread evenly over the rest of the epoch
+    # (its batches come in pools sorted by length, so the first ones alone would all be short)
+    warm = [biggest] + rest[: max(warmup - 1, 0)]
+    left = rest[max(warmup - 1, 0):]
+    timed = [left[j] for j in np.unique(np.linspace(0, len(left) - 1, min(steps, len(left))).round().astype(int))]
+    order = warm + timed
     cpu = wall = 0.0
-    for k, i in enumerate(order[: warmup + steps]):
+    for k, i in enumerate(order):
         batch = step_batch(tw, shapes[i][0], tc)
         c0, w0 = time.process_time(), time.perf_counter()
         loss = model.training_loss(batch)
@@ -244,11 +249,12 @@ def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
         loss.backward()
         opt.step()
         loss.item()
-        if k >= warmup:
+        if k >= len(warm):
             cpu, wall = cpu + time.process_time() - c0, wall + time.perf_counter() - w0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return {"timed_batches": timed, "timed_cpu_s": cpu, "timed_wall_s": wall, "peak_rss_bytes": peak,
-            "biggest_batch_P": shapes[biggest][3], "n_batches": len(shapes),
+            "biggest_batch_P": shapes[biggest][3], "biggest_batch_tokens": shapes[biggest][1] * shapes[biggest][2],
+            "n_batches": len(shapes),
             "fast_paths": {"last_position_only": tc.last_position_only, "dropout": tc.dropout,
                            "fused_optimizer": tc.fused_optimizer}}
 
@@ -374,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
         "flop_check": check,
         "gemm_rate": rate,
         "encoder_gemm_rate": enc_rate,
-        "extrapolation": "epoch_s = timed_s x epoch_gflop / timed_gflop over the first --steps batches of epoch 1 "
-                         "after --warmup steps (the first warm-up step: the epoch's largest batch); "
+        "extrapolation": "epoch_s = timed_s x epoch_gflop / timed_gflop over --steps batches spread evenly over "
+                         "epoch 1 after --warmup steps (the first warm-up step: the epoch's largest batch); "
                          "epoch_cpu_s_by_steps = timed_s x batches / timed steps",
         "x_bound": "timed_s / bound_s, bound_s = head GFLOP / gemm_rate.gflops + encoder GFLOP / "
                    "encoder_gemm_rate.gflops of what the variant computes; x_needed_bound: the same against the "
