@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         return sum(fs[i]["head"] / (rate["gflops"] * 1e9) + fs[i]["encoder"] / (enc_rate["gflops"] * 1e9)
                    for i in batches)
 
+    peak = max([*rate["per_gemm_gflops"].values(), *enc_rate["per_gemm_gflops"].values()])  # the fastest GEMM
     results = {}
     for v in a.variants.split(","):
         cmd = [sys.executable, __file__, "--child", v, "--steps", str(a.steps), "--warmup", str(a.warmup),
@@ -354,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
             "timed_cpu_s": r["timed_cpu_s"], "timed_wall_s": r["timed_wall_s"], "bound_s": bound_s,
             "needed_bound_s": needed_s, "x_bound_cpu": r["timed_cpu_s"] / bound_s,
             "x_bound_wall": r["timed_wall_s"] / bound_s, "x_needed_bound_cpu": r["timed_cpu_s"] / needed_s,
+            "x_peak_bound_cpu": r["timed_cpu_s"] * peak * 1e9 / timed_flop,
             "epoch_cpu_s": r["timed_cpu_s"] * epoch_flop / timed_flop,
             "epoch_wall_s": r["timed_wall_s"] * epoch_flop / timed_flop,
             "epoch_cpu_s_by_steps": r["timed_cpu_s"] * len(shapes) / len(timed),
@@ -385,8 +387,9 @@ def main(argv: list[str] | None = None) -> None:
                          "epoch_cpu_s_by_steps = timed_s x batches / timed steps",
         "x_bound": "timed_s / bound_s, bound_s = head GFLOP / gemm_rate.gflops + encoder GFLOP / "
                    "encoder_gemm_rate.gflops of what the variant computes; x_needed_bound: the same against the "
-                   "FLOPs the loss needs (prefixes: the last block at the last position only); _cpu: process CPU "
-                   "time, _wall: wall clock",
+                   "FLOPs the loss needs (prefixes: the last block at the last position only); x_peak_bound: every "
+                   "FLOP of the variant at the fastest measured GEMM's rate (stricter); _cpu: process CPU time, _wall: "
+                   "wall clock",
         "peak_rss": "ru_maxrss of a fresh process per variant (interpreter, torch, data, model, Adam, steps)",
         "chunk_sweep_head_alone": sweep,
         "eval_valid_full_ranking": evaluation,
