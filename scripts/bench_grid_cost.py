@@ -120,6 +120,8 @@ def reference_best_epochs(runs: Path) -> dict:
     """{(model, layer): mean best epoch} over the finished cells under ``runs``."""
     rows = []
     for m in runs.rglob("metrics.json"):
+        if m.parent.name.startswith("eval_"):
+            continue  # a re-score (bftrec-eval) in a run's folder is not another cell
         d = json.loads(m.read_text())
         if "best_epoch" in d:
             rows.append({"model": d["model"], "layer": d["layer"], "best_epoch": d["best_epoch"]})

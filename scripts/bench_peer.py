@@ -404,7 +404,7 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
     settings = {"dataset": dataset, "seed": seed, "hp": hp, "targets": targets, "epochs": epochs, "patience": patience,
                 "eval_batch_size": eval_batch_size, "bftrec_commit": CODE_STATE["git_sha"]}
     if fast:  # absent when none: states written before --fast resume
-        settings["bftrec_fast_paths"] = sorted(fast)
+        settings["bftrec_fast_paths"] = sorted(set(fast))
     with _run_dir(workdir, dataset, seed) as tmp:
         state_file, state, start = tmp / "state.pt", None, 1
         if state_file.exists():
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> None:
         "budget": ({"reps": args.eval_speed, "seeds": seeds[:1], "threads": 1, "training": "none"}
                    if args.eval_speed else {"max_epochs": args.epochs, "patience": args.patience, "seeds": seeds,
                                             "threads": 1, "targets": args.targets}),
-        "bftrec_code": CODE_STATE, "bftrec_fast_paths": sorted(args.fast), "device": cpu_name(),
+        "bftrec_code": CODE_STATE, "bftrec_fast_paths": sorted(set(args.fast)), "device": cpu_name(),
         "torch": torch.__version__, "numpy": np.__version__,
         "recbole": rb.version,
         "recbole_anomaly_mode": {"on_after_import": rb.anomaly_at_import, "on_during_runs": torch.is_anomaly_enabled()},

@@ -32,10 +32,11 @@ the trainer's opt-in fast paths: ``trainer.last_position_only`` under ``prefixes
 ``trainer.fused_optimizer``; docs/results.md §3.1).
 
 Two bounds per variant: ``bound_s``, the FLOPs that variant computes at the measured GEMM rates, and
-``needed_bound_s``, the FLOPs the loss needs (under ``prefixes`` the last block's queries, output projection and
-FFN at the last position alone, as ``fast`` computes them). The GEMM rates are measured at the epoch's shapes,
-the head's three GEMMs at the FLOP-weighted median P and the encoder's projection GEMMs at the FLOP-weighted
-median B·L'; a class of FLOPs is charged at its own rate.
+``needed_bound_s``, the FLOPs of the last-position computation (under ``prefixes``: the last block's attention,
+output projection and FFN at the last position alone, its fused QKV projection at every position, as ``fast``
+computes them; the queries of the other positions are the ~1% of FLOPs it still computes and no loss reads).
+The GEMM rates are measured at the epoch's shapes, the head's three GEMMs at the FLOP-weighted median P and the
+encoder's projection GEMMs at the FLOP-weighted median B·L'; a class of FLOPs is charged at its own rate.
 A chunk sweep times the head alone (forward + backward) at that batch's P: it chose ``CE_CHUNK``.
 
 Usage (needs ``$BFTREC_DATA_ROOT`` holding Amazon Sports)::
@@ -109,8 +110,9 @@ def build(variant: str, threads: int):
 
 
 def legacy_next_item_loss(h, targets, item_emb, loss, n_negatives, n_items, bias=None, temperature=1.0,
-                          ce_chunk=0):
-    """The CE head before issue 11.3 (bftrec/models/base.py at 5d95b5d), for the "before" figure."""
+                          ce_chunk=0, negatives_per="batch"):
+    """The CE head before issue 11.3 (bftrec/models/base.py at 5d95b5d), for the "before" figure (the arguments
+    the model passes today are accepted; CE uses no negatives)."""
     keep = targets.ne(0)
     h, pos = h[keep], targets[keep]  # (P, D), (P,)
     logits = h @ item_emb[: n_items + 1].t()  # (P, N + 1)
@@ -234,8 +236,8 @@ def run_variant(variant: str, steps: int, warmup: int, threads: int) -> dict:
     model.train()
     biggest = max(range(len(shapes)), key=lambda i: (shapes[i][1] * shapes[i][2], shapes[i][3]))  # tokens, then P
     rest = [i for i in range(len(shapes)) if i != biggest]
-    # warm-up: the biggest batch, then the next ones; timed: --steps batches spread evenly over the rest of the epoch
-    # (its batches come in pools sorted by length, so the first ones alone would all be short)
+    # warm-up: the biggest batch, then the next ones; timed: --steps batches spread evenly over the rest of the
+    # epoch's order (a sample of every length, whatever the order)
     warm = [biggest] + rest[: max(warmup - 1, 0)]
     left = rest[max(warmup - 1, 0):]
     timed = [left[j] for j in np.unique(np.linspace(0, len(left) - 1, min(steps, len(left))).round().astype(int))]
@@ -344,7 +346,11 @@ def main(argv: list[str] | None = None) -> None:
     for v in a.variants.split(","):
         cmd = [sys.executable, __file__, "--child", v, "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--threads", str(a.threads)]
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        child = subprocess.run(cmd, capture_output=True, text=True)
+        if child.returncode:
+            tail = (child.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise SystemExit(f"bench_train.py: error: variant {v} failed (exit {child.returncode}): {tail}")
+        r = json.loads(child.stdout.strip().splitlines()[-1])
         fs = per[bool(r["fast_paths"]["last_position_only"])]  # what this variant computes
         timed = r["timed_batches"]
         timed_flop = sum(fs[i]["encoder"] + fs[i]["head"] for i in timed)

@@ -683,8 +683,17 @@ def test_an_old_run_takes_beyond_accuracy_from_its_own_rescore(runs, tmp_path):
     assert "beyond_accuracy" not in rr.load_runs(old)[0]
     rescore(old, ["eval.n_bins=3"], old / "eval_bins3")  # scored otherwise: its tail is another set of items
     assert "beyond_accuracy" not in rr.load_runs(old)[0]
+    (old / "eval_torn").mkdir()
+    (old / "eval_torn" / "metrics.json").write_text('{"beyond_accuracy": {"k": 10')  # a torn write: passed over
+    (old / "eval_odd").mkdir()
+    (old / "eval_odd" / "metrics.json").write_text('{"beyond_accuracy": {"k": 10}, "test": null}')
+    assert "beyond_accuracy" not in rr.load_runs(old)[0]
     rescore(old, [], old / "eval_beyond")
-    (r,) = rr.load_runs(old)  # one run, not three
+    other = json.loads((old / "eval_beyond" / "metrics.json").read_text())
+    other["other_data"] = "data sha256 0123 here, 4567 in the run"  # a --allow-other-data re-score
+    (old / "eval_zz").mkdir()
+    (old / "eval_zz" / "metrics.json").write_text(json.dumps(other))  # last by name: tried first, passed over
+    (r,) = rr.load_runs(old)  # one run, not six
     want = json.loads((runs / "runs" / "bft" / "seed0" / "metrics.json").read_text())["beyond_accuracy"]["overall"]
     assert r["beyond_accuracy"]["from"] == "eval_beyond"
     assert r["beyond_accuracy"]["overall"] == pytest.approx(want)
@@ -710,3 +719,29 @@ def test_beyond_tests_pair_seeds_and_test_over_them_hand_computed():
     assert row["Δ coverage@10 (95% CI, p_seeds)"] == "+0.0000 [+0.0000, +0.0000], p –"  # no spread: no test
     groups[("d", "m", "", "bft")] = groups[("d", "m", "", "bft")][:1]
     assert beyond_tests(groups).iloc[0]["Δ tail_share@10 (95% CI, p_seeds)"] == "+0.0100 (1 seed: no test)"
+
+
+def test_an_override_equal_to_todays_grid_config_is_no_trial(runs, tmp_path):
+    """A rerun started with ``trainer.train_windows=<v>`` before its tuned config said ``<v>`` (issue 46 item 6) is a
+    trial only while the grid composes something else: an override equal to today's composed config of the cell is
+    listed in the header but flags nothing; one that differs (or an unknown key, or a deletion) stays a trial."""
+    import shutil
+
+    shutil.copytree(runs / "runs", tmp_path / "runs")
+    run = rr.load_runs(tmp_path / "runs" / "bft" / "seed0")[0]
+    now = rr.default_config(run["dataset"], run["model"], run["layer"])["trainer.train_windows"]
+    other = "prefixes" if now != "prefixes" else "last"
+    assert rr.agrees_with_grid(run, f"trainer.train_windows={now}")
+    assert not rr.agrees_with_grid(run, f"trainer.train_windows={other}")
+    assert not rr.agrees_with_grid(run, "trainer.no_such_key=1") and not rr.agrees_with_grid(run, "~trainer.lr")
+    hydra = tmp_path / "runs" / "bft" / "seed0" / ".hydra"
+    hydra.mkdir()
+    (hydra / "overrides.yaml").write_text(f"- layer=bft\n- seed=0\n- trainer.train_windows={now}\n")
+    _make_tables().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")])
+    head = (tmp_path / "t" / "protocol.md").read_text()
+    assert f"trainer.train_windows={now} (1 runs)" in head  # still listed
+    assert "TRIAL" not in (tmp_path / "t" / "overall.md").read_text()
+    assert "TRIAL" not in "".join(pd.read_csv(tmp_path / "t" / "comparisons.csv")["flags"].fillna(""))
+    (hydra / "overrides.yaml").write_text("- layer=bft\n- seed=0\n- trainer.epochs=2\n")
+    _make_tables().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t2")])
+    assert "TRIAL: trainer.epochs=2" in "".join(pd.read_csv(tmp_path / "t2" / "comparisons.csv")["flags"].fillna(""))

@@ -25,8 +25,12 @@ def _digits(name: str) -> int:
     return 1 if name == "popularity" else 4
 
 
-def _fmt(values: list[float], digits: int) -> str:
-    """Mean ± std over seeds; one seed: the value alone, marked ``(1 seed)``."""
+def _fmt(values: list, digits: int) -> str:
+    """Mean ± std over seeds (None, an empty group's value, left out); one seed: the value alone, marked
+    ``(1 seed)``; none: ``–``."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
     if len(values) == 1:
         return f"{values[0]:.{digits}f} (1 seed)"
     return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"

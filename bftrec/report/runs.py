@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from bftrec.config import EvalConfig, upgrade_legacy_layer
 from bftrec.data.datasets import identity_of_stats, other_data
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
 
+log = logging.getLogger("bftrec.report")
 METRICS = ("HR@10", "NDCG@10")
 STANDARD = "standard"
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -98,30 +100,52 @@ def load_runs(root) -> list[dict]:
     return runs
 
 
-def _same_scoring(run: dict, re: dict) -> bool:
-    """Whether a re-score scored as the run did: the same protocol, item bins and cold-user threshold, and
-    the same overall test metrics (to float rounding: a different device or thread count may move the last
-    digits)."""
-    a, b = run.get("test", {}), re.get("test", {})
-    bins = [(x.get("lo"), x.get("hi")) for x in a.get("by_item_freq", [])]
-    if (re.get("protocol") != run.get("protocol") or bins != [(x.get("lo"), x.get("hi")) for x in b.get(
-            "by_item_freq", [])] or a.get("cold_users", {}).get("max_history") != b.get("cold_users", {}).get(
-            "max_history")):
-        return False
-    oa, ob = a.get("overall", {}), b.get("overall", {})
-    return bool(oa) and all(isinstance(ob.get(k), (int, float)) and abs(v - ob[k]) <= 1e-6 * max(1.0, abs(v))
-                            for k, v in oa.items() if isinstance(v, (int, float)))
+def _scoring_differs(run: dict, re: dict) -> str | None:
+    """What makes a re-score score otherwise than the run, or None when it scored as the run did: the same data
+    (``other_data``; no ``--allow-other-data`` re-score), protocol, item bins and cold-user threshold, the same
+    user counts, and the same overall test metrics (to 1e-6 relative: another device or thread count may move
+    the last digits)."""
+    a, b = run.get("test"), re.get("test")
+    if not isinstance(b, dict) or not isinstance(b.get("overall"), dict) or not isinstance(
+            b.get("by_item_freq"), list) or not isinstance(b.get("cold_users"), dict):
+        return "no test block"
+    if re.get("other_data") or other_data(identity_of_stats(run.get("data")), identity_of_stats(re.get("data"))):
+        return "other data"
+    if re.get("protocol") != run.get("protocol"):
+        return "another protocol"
+    if [(x.get("lo"), x.get("hi"), x.get("n_users")) for x in a.get("by_item_freq", [])] != [
+            (x.get("lo"), x.get("hi"), x.get("n_users")) for x in b["by_item_freq"] if isinstance(x, dict)]:
+        return "other item bins"
+    if a.get("cold_users", {}).get("max_history") != b["cold_users"].get("max_history"):
+        return "another cold-user threshold"
+    oa, ob = a.get("overall", {}), b["overall"]
+    for k, v in oa.items():
+        w = ob.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            if w != v:
+                return f"test {k} {w} against {v}"
+        elif isinstance(v, float) and not (isinstance(w, (int, float)) and abs(v - w) <= 1e-6 * max(1.0, abs(v))):
+            return f"test {k} {w} against {v}"
+    return None if oa else "no test metrics in the run"
 
 
 def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
     """The ``beyond_accuracy`` block of a run written before the metric (issue 48 item 2), from the last (by name)
     re-score in its folder (``<run>/eval_*/metrics.json``, ``bftrec-eval <run> --out <run>/eval_beyond``) that
-    scored as the run did (``_same_scoring``); the block gains ``from``: that folder's name. None if there is
-    none; a re-score that scored otherwise (other bins, another protocol) is passed over."""
+    scored as the run did (``_scoring_differs``); the block gains ``from``: that folder's name. None if there is
+    none. A re-score that scored otherwise, or an unreadable one, is passed over with a log line naming why."""
     for path in sorted(run_dir.glob("eval_*/metrics.json"), reverse=True):
-        re = _json(path)
-        if "beyond_accuracy" in re and _same_scoring(run, re):
+        try:
+            re = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.info("%s: not read for beyond-accuracy (%s)", path, type(e).__name__)
+            continue
+        if not isinstance(re, dict) or not isinstance(re.get("beyond_accuracy"), dict) or not re["beyond_accuracy"]:
+            continue
+        why = _scoring_differs(run, re)
+        if why is None:
             return {**re["beyond_accuracy"], "from": path.parent.name}
+        log.info("%s: its beyond-accuracy block is not the run's (%s)", path, why)
     return None
 
 
@@ -378,6 +402,35 @@ def extra_overrides(runs: list[dict]) -> list[str]:
     return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
 
 
+def agrees_with_grid(run: dict, override: str) -> bool:
+    """Whether ``key=value`` sets what today's composed config of the run's cell already holds
+    (``default_config``: tuned config included): such an override changed nothing against the grid, as
+    ``trainer.train_windows=prefixes`` on a rerun started before its tuned config was switched to that value.
+    A deletion (``~key``) or a key the cell does not compose never agrees."""
+    if override.startswith("~"):
+        return False
+    key, _, value = override.lstrip("+").partition("=")
+    now = default_config(run["dataset"], run["model"], run["layer"])
+    if key not in now:
+        return False
+    try:
+        return yaml.safe_load(value) == now[key]
+    except yaml.YAMLError:
+        return False
+
+
+def trial_overrides(runs: list[dict]) -> list[str]:
+    """The ``extra_overrides`` that make runs trials (``is_trial_override``), with how many runs used each,
+    leaving out an override that agrees with today's grid config of its cell (``agrees_with_grid``); the
+    table header still lists every override (``extra_overrides``)."""
+    count: dict = {}
+    for r in runs:
+        for o in r["_overrides"]:
+            if o not in r.get("_variant", ()) and is_trial_override(o) and not agrees_with_grid(r, o):
+                count[o] = count.get(o, 0) + 1
+    return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
+
+
 def is_trial_override(o: str) -> bool:
     """Whether a command-line override makes a run a trial: any key=value but ``trainer.amp`` (compared as it
     took effect) and a config-group choice that defines a cell variant with its own tag (``+tau_variant=mlp``,
@@ -394,7 +447,7 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
     ``check_comparable``), so the main grid's GPU cells, run with ``trainer.amp=false`` to stay in float32 like
     its CPU cells, are not flagged (the table header still lists the override)."""
     notes = [f"PARTIAL: {len(missing)} of {len(runs) + len(missing)} cells missing"] if missing else []
-    extra = [o for o in extra_overrides(runs) if is_trial_override(o)]
+    extra = trial_overrides(runs)
     if extra:
         notes.append(f"TRIAL: {'; '.join(extra)}")
     return "; ".join(notes)

@@ -53,13 +53,12 @@ from bftrec.report.runs import (
     baseline,
     cells,
     command_line,
-    extra_overrides,
     header,
-    is_trial_override,
     layers_of,
     preregistration_notes,
     run_note,
     select_runs,
+    trial_overrides,
 )
 from bftrec.report.stats import (
     MIN_BASELINE_HITS,
@@ -284,10 +283,11 @@ def baseline_hits(base: list[dict], where) -> float:
 
 def cell_flags(runs: list[dict]) -> str:
     """What makes a comparison a trial or cut short, for the table body: ``TRIAL: <override>`` for
-    command-line overrides beyond the grid axes (``extra_overrides``, ``trainer.amp`` aside), and
+    command-line overrides beyond the grid axes (``trial_overrides``: ``trainer.amp`` and an override equal to
+    today's grid config of the cell aside), and
     ``capped: <layer> s<seed> (best e of E)`` for a run that ran to its epoch cap (not stopped early)
     with its best validation epoch among its last two: validation still rose when the cap stopped it."""
-    extra = sorted({o.split(" (")[0] for o in extra_overrides(runs) if is_trial_override(o)})
+    extra = sorted({o.split(" (")[0] for o in trial_overrides(runs)})
     flags = [f"TRIAL: {'; '.join(extra)}"] if extra else []
     capped = [f"{r['layer']} s{r['seed']} (best {r['best_epoch']} of {r['epochs_run']})" for r in runs
               if r.get("stopped_early") is False and r.get("best_epoch") is not None
