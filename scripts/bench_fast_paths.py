@@ -1,8 +1,9 @@
 """CPU time of a training step under each opt-in fast path of the trainer (issue 49 items 1-3). Never a test.
 
 SASRec on Amazon Sports at its tuned config (``configs/tuned/sports_sasrec.yaml``: CE, ``prefixes``), CPU, one
-thread. The same ``--steps`` batches of epoch 1 (the trainer's ``prefixes`` windows in its batch order, left
-padding trimmed) run under five settings, in ``--rounds`` interleaved rounds so that a drift of the machine
+thread; ``--model bert4rec|hstu`` takes that backbone's tuned Sports config instead (its own loss and training
+windows). The same ``--steps`` batches of epoch 1 (the trainer's windows in its batch order, left padding trimmed)
+run under each setting, in ``--rounds`` interleaved rounds so that a drift of the machine
 load hits every setting alike:
 
 - ``reference``: the defaults (full forward, ``nn.Dropout``, Adam's foreach kernel);
@@ -55,10 +56,11 @@ SETTINGS = {
     "bft": ["layer=bft"],
     "bft_compiled": ["layer=bft", "trainer.compile_precision=true"],
 }
-BASE = ["dataset=sports", "model=sasrec", "trainer.device=cpu", "trainer.num_threads=1"]
+BASE = ["dataset=sports", "trainer.device=cpu", "trainer.num_threads=1"]
+MODELS = ("sasrec", "bert4rec", "hstu")
 
 
-def build(extra: list[str]):
+def build(extra: list[str], model_name: str = "sasrec"):
     """(model, optimizer, trainer config, data) of one setting, seeded as the trainer seeds a run."""
     from hydra import compose, initialize_config_dir
 
@@ -68,7 +70,7 @@ def build(extra: list[str]):
     from bftrec.trainer import seed_everything
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        g = typed_groups(compose("train", overrides=BASE + extra))
+        g = typed_groups(compose("train", overrides=BASE + [f"model={model_name}"] + extra))
     seed_everything(g["root"].seed, False)
     data, _, model = build_model(g, torch.device("cpu"))
     tc = g["trainer"]
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
     ap.add_argument("--profile", type=int, default=0, help="profile this many more steps per setting (0: none)")
+    ap.add_argument("--model", default="sasrec", choices=MODELS, help="the backbone, at its tuned Sports config")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "fast_paths_cpu.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -119,12 +122,17 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - set(SETTINGS))
     if unknown:
         raise SystemExit(f"bench_fast_paths: --settings {','.join(unknown)}: unknown; choose from {','.join(SETTINGS)}")
-    runs = {name: build(SETTINGS[name]) for name in names}
+    runs = {name: build(SETTINGS[name], args.model) for name in names}  # a path the model cannot take: one line
     _, _, tc, data, max_len = runs["reference"]
-    assert tc.train_windows == "prefixes", "the tuned Sports SASRec config trains on prefixes"
-    tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows)
+    tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows, tc.train_window_stride)
     order = epoch_batches(tw.lengths(), tc.batch_size, torch.Generator().manual_seed(0), 0, 1, tc.length_bucketing)
-    batches = [{"seq": trim_left(tw.batch(i)["seq"]), "last_target_only": True} for i in order[: args.steps + 1]]
+    prefixes = tc.train_windows == "prefixes"
+    batches = []
+    for i in order[: args.steps + 1]:
+        b = tw.batch(i)
+        seq = trim_left(b["seq"], b["time"]) if "time" in b else (trim_left(b["seq"]),)  # as the trainer cuts them
+        batches.append({"seq": seq[0], **({"time": seq[1]} if len(seq) > 1 else {}),
+                        **({"last_target_only": True} if prefixes else {})})
     per_round: dict = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (model, opt, t, _, _) in runs.items():
@@ -136,8 +144,10 @@ def main(argv: list[str] | None = None) -> None:
                     cpu += time.process_time() - c0
             per_round[name].append(cpu / args.steps)
     ratio = {n: [a / b for a, b in zip(v, per_round["reference"])] for n, v in per_round.items()}
+    loss = getattr(getattr(runs["reference"][0], "cfg", None), "loss", "?")
     out = {"command": "python scripts/bench_fast_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "setting": "sports SASRec tuned (CE, prefixes), CPU, 1 thread, process CPU time per step",
+           "setting": f"sports {args.model} at its tuned config (loss {loss}, windows {tc.train_windows}), CPU, "
+                      "1 thread, process CPU time per step",
            "torch": torch.__version__, "steps": args.steps, "rounds": args.rounds,
            "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"], "cpu": cpu_name(),
            "cpu_s_per_step": {n: statistics.median(v) for n, v in per_round.items()},
