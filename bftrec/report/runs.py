@@ -105,7 +105,7 @@ def _scoring_differs(run: dict, re: dict) -> str | None:
     (``other_data``; no ``--allow-other-data`` re-score), protocol, item bins and cold-user threshold, the same
     user counts, and the same overall test metrics (to 1e-6 relative: another device or thread count may move
     the last digits)."""
-    a, b = run.get("test"), re.get("test")
+    a, b = run.get("test") if isinstance(run.get("test"), dict) else {}, re.get("test")
     if not isinstance(b, dict) or not isinstance(b.get("overall"), dict) or not isinstance(
             b.get("by_item_freq"), list) or not isinstance(b.get("cold_users"), dict):
         return "no test block"
