@@ -176,17 +176,20 @@ class LayerRunner:
 
 
 class E2ERunner:
-    """The SASRec train step at the Sports configuration."""
+    """The train step of backbone ``model`` (SASRec by default) at the Sports configuration. HSTU runs without
+    its time bias (the windows carry no timestamps)."""
 
     def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor,
-                 batch: int = E2E["batch"]) -> None:
+                 batch: int = E2E["batch"], model: str = "sasrec") -> None:
         torch.manual_seed(0)
         c = E2E
-        cfg = SASRecConfig(d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"], d_ff=c["d_ff"],
-                           max_len=c["max_len"], dropout=c["dropout"], attn_dropout=c["dropout"], loss=loss)
+        cls = MODELS.get(model)
+        cfg = cls.Config(d_model=c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"], d_ff=c["d_ff"],
+                         max_len=c["max_len"], dropout=c["dropout"], attn_dropout=c["dropout"], loss=loss,
+                         **({"time_bias": False} if model == "hstu" else {}))
         layer = _layer_cfg(variant)
         counts = np.ones(c["n_items"] + 1, dtype=np.int64)
-        self.model = MODELS.get("sasrec")(cfg, layer, DataInfo(n_items=c["n_items"], train_counts=counts)).to(device)
+        self.model = cls(cfg, layer, DataInfo(n_items=c["n_items"], train_counts=counts)).to(device)
         self.model.train()
         if variant.endswith("_compiled"):
             self.model.stack.compile_precision = True
@@ -217,11 +220,12 @@ class TrainerRunner(E2ERunner):
     same batch list in the same order.
     """
 
-    def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor) -> None:
+    def __init__(self, variant: str, device: torch.device, amp: bool, loss: str, windows: torch.Tensor,
+                 model: str = "sasrec") -> None:
         from bftrec.trainer import epoch_batches
 
         self.batch_size = TRAINER["batch"]
-        E2ERunner.__init__(self, variant, device, amp, TRAINER["loss"], windows, batch=self.batch_size)
+        E2ERunner.__init__(self, variant, device, amp, TRAINER["loss"], windows, batch=self.batch_size, model=model)
         lengths = windows.ne(0).sum(1)  # (W,)
         self.batches = epoch_batches(lengths, self.batch_size, torch.Generator().manual_seed(3),
                                      bucket=TRAINER["length_bucketing"])
@@ -235,10 +239,10 @@ class TrainerRunner(E2ERunner):
         return trim_left(self.windows[idx.to(self.device)])
 
 
-def make_runner(kind: str, variant: str, device: torch.device, amp: bool, loss: str, windows):
+def make_runner(kind: str, variant: str, device: torch.device, amp: bool, loss: str, windows, model: str = "sasrec"):
     if kind == "layer":
         return LayerRunner(variant, device, amp)
-    return (TrainerRunner if kind == "trainer" else E2ERunner)(variant, device, amp, loss, windows)
+    return (TrainerRunner if kind == "trainer" else E2ERunner)(variant, device, amp, loss, windows, model=model)
 
 
 # ------------------------------------------------------------------------------------------------ measurement
@@ -267,9 +271,9 @@ def _proc_status() -> dict:
     return out
 
 
-def _rss_child(kind: str, variant: str, loss: str, windows, steps: int, threads: int, q) -> None:
+def _rss_child(kind: str, variant: str, loss: str, windows, steps: int, threads: int, q, model: str = "sasrec") -> None:
     torch.set_num_threads(threads)
-    r = make_runner(kind, variant, torch.device("cpu"), False, loss, windows)
+    r = make_runner(kind, variant, torch.device("cpu"), False, loss, windows, model)
     r.step()  # steady state: optimizer states exist, gradients freed (set_to_none)
     gc.collect()
     base = _proc_status()["VmRSS"]
@@ -288,9 +292,10 @@ def _rss_child(kind: str, variant: str, loss: str, windows, steps: int, threads:
     q.put((base, peak, how))
 
 
-def peak_memory(kind: str, variant: str, device: torch.device, amp: bool, loss: str, windows, steps: int) -> dict:
+def peak_memory(kind: str, variant: str, device: torch.device, amp: bool, loss: str, windows, steps: int,
+                model: str = "sasrec") -> dict:
     if device.type == "cuda":
-        r = make_runner(kind, variant, device, amp, loss, windows)
+        r = make_runner(kind, variant, device, amp, loss, windows, model)
         r.step()
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -304,7 +309,8 @@ def peak_memory(kind: str, variant: str, device: torch.device, amp: bool, loss: 
     old = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
-        p = ctx.Process(target=_rss_child, args=(kind, variant, loss, windows, steps, torch.get_num_threads(), q))
+        p = ctx.Process(target=_rss_child,
+                        args=(kind, variant, loss, windows, steps, torch.get_num_threads(), q, model))
         p.start()
         base, peak, how = q.get()
         p.join()
@@ -349,6 +355,8 @@ def main() -> None:
                     help="bucketed batches per variant for the trainer setting's peak-memory pass (same batches)")
     ap.add_argument("--out", default=None, help="JSON path; default results/bench/layer_<device>.json")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why --threads was set)")
+    ap.add_argument("--model", default="sasrec", choices=("sasrec", "bert4rec", "hstu"),
+                    help="the backbone of the e2e and trainer settings (the layer alone is SASRec's block)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated, standard always included; of {','.join(VARIANTS + EXTRA_VARIANTS)}")
     args = ap.parse_args()
@@ -356,6 +364,9 @@ def main() -> None:
     if set(variants) - set(VARIANTS + EXTRA_VARIANTS):
         raise SystemExit(f"bench_layer: --variants {args.variants}: choose from {','.join(VARIANTS + EXTRA_VARIANTS)}")
 
+    if args.model != "sasrec" and args.only not in ("e2e", "trainer"):
+        raise SystemExit(f"bench_layer: --model {args.model} needs --only e2e or --only trainer (the layer alone is "
+                         "SASRec's block)")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -372,7 +383,7 @@ def main() -> None:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "note": args.note,
         "load_average_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "amp_bf16": amp, "compile": "bft_compiled" in variants, "variants": list(variants),
+        "model": args.model, "amp_bf16": amp, "compile": "bft_compiled" in variants, "variants": list(variants),
         "steps": args.steps, "warmup": args.warmup,
         "statistic": "median step time over the timed steps; variants interleaved round-robin",
         "memory_measure": ("torch.cuda.max_memory_allocated over timed steps" if device.type == "cuda" else
@@ -401,10 +412,10 @@ def main() -> None:
                                            "n_negatives": n_neg, "inputs": "real Amazon Sports training windows "
                                            "(bftrec.trainer.epoch_batches sortish batches, common left padding "
                                            "trimmed by trim_left, as the trainer feeds them)"}
-        runners = {v: make_runner(kind, v, device, amp, loss, data) for v in variants}
+        runners = {v: make_runner(kind, v, device, amp, loss, data, args.model) for v in variants}
         times = time_interleaved(runners, steps, args.warmup, device)
         del runners
-        mem = {v: peak_memory(kind, v, device, amp, loss, data, mem_steps) for v in variants}
+        mem = {v: peak_memory(kind, v, device, amp, loss, data, mem_steps, args.model) for v in variants}
         result[kind] = summarize(times, mem)
         result[kind]["threads"] = torch.get_num_threads()
         torch.set_num_threads(threads)

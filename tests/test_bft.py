@@ -663,3 +663,20 @@ def test_bench_layer_calibrates_the_bft_block():
     runner = load_script("bench_layer").LayerRunner("bft", torch.device("cpu"), False)
     assert bool(runner.block.s0sq_ready) and not torch.allclose(runner.block.s0sq, torch.ones_like(runner.block.s0sq))
     assert runner.block.training
+
+
+@pytest.mark.parametrize("model", ["bert4rec", "hstu"])
+def test_bench_layer_builds_the_other_backbones_with_their_bft_twin(model):
+    """bench_layer --model: the e2e runner builds that backbone with the BFT stack and takes a training step."""
+    import numpy as np
+
+    from tests.scripts import load_script
+
+    bench = load_script("bench_layer")
+    windows, _ = bench.training_windows(np.random.default_rng(0))
+    runner = bench.E2ERunner("bft", torch.device("cpu"), False, "sampled_softmax", windows[:64], batch=16, model=model)
+    assert type(runner.model).__name__.lower().startswith(model[:4])
+    assert type(runner.model.stack).__name__ == "BFTStack"
+    before = [p.detach().clone() for p in runner.model.parameters()]
+    runner.step()
+    assert any(not torch.equal(a, p) for a, p in zip(before, runner.model.parameters()))
