@@ -540,6 +540,23 @@ def _start(model: nn.Module, first: dict, state: dict) -> None:
     state["tau_start"] = tau.start_values().cpu().clone() if tau is not None else None
 
 
+def step_batch(tw: TrainWindows, idx, cfg: TrainerConfig) -> dict:
+    """The batch of windows ``idx`` as a training step feeds it to the model: ``seq`` (B, L' + 1) int64 (and
+    ``time``, unix seconds, where the data have it) with the common left padding trimmed (L' the batch's longest
+    window), and under ``prefixes`` the flags ``last_target_only`` and ``last_position_only`` (the loss reads the
+    last column alone). Used by ``_train_epoch`` and the benches, so they time what the trainer runs."""
+    batch = tw.batch(idx)  # (B, L + 1)
+    if "time" in batch:
+        seq, tim = trim_left(batch["seq"], batch["time"])  # (B, L' + 1) each
+        batch = {"seq": seq, "time": tim}
+    else:
+        batch = {"seq": trim_left(batch["seq"])}
+    if cfg.train_windows == "prefixes":
+        batch["last_target_only"] = True
+        batch["last_position_only"] = cfg.last_position_only
+    return batch
+
+
 def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer, tw: TrainWindows,
                  gen: torch.Generator, cfg: TrainerConfig, epoch: int, state: dict, out_dir: Path,
                  device: torch.device) -> float:
@@ -559,15 +576,7 @@ def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer
     bar = tqdm(batches[:cfg.max_steps_per_epoch or None], desc=f"epoch {epoch}", leave=False,
                disable=None if cfg.progress and is_main() else True)
     for step, idx in enumerate(bar):
-        batch = tw.batch(idx)  # (B, L + 1)
-        if "time" in batch:
-            seq, tim = trim_left(batch["seq"], batch["time"])  # (B, L') with L' the batch's longest
-            batch = {"seq": seq, "time": tim}
-        else:
-            batch = {"seq": trim_left(batch["seq"])}
-        if cfg.train_windows == "prefixes":
-            batch["last_target_only"] = True
-            batch["last_position_only"] = cfg.last_position_only
+        batch = step_batch(tw, idx, cfg)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = runner(batch)
         value = loss.item()

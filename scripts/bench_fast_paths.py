@@ -43,9 +43,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bftrec.data.batches import trim_left  # noqa: E402
 from bftrec.experiment import CODE_STATE, cpu_name  # noqa: E402
-from bftrec.trainer import _optimizer, check_fast_paths, epoch_batches, train_window_set, use_mask_dropout  # noqa: E402
+from bftrec.trainer import (  # noqa: E402
+    _optimizer,
+    check_fast_paths,
+    epoch_batches,
+    step_batch,
+    train_window_set,
+    use_mask_dropout,
+)
 
 SETTINGS = {
     "reference": [],
@@ -126,13 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     _, _, tc, data, max_len = runs["reference"]
     tw = train_window_set(data, max_len, torch.device("cpu"), tc.train_windows, tc.train_window_stride)
     order = epoch_batches(tw.lengths(), tc.batch_size, torch.Generator().manual_seed(0), 0, 1, tc.length_bucketing)
-    prefixes = tc.train_windows == "prefixes"
-    batches = []
-    for i in order[: args.steps + 1]:
-        b = tw.batch(i)
-        seq = trim_left(b["seq"], b["time"]) if "time" in b else (trim_left(b["seq"]),)  # as the trainer cuts them
-        batches.append({"seq": seq[0], **({"time": seq[1]} if len(seq) > 1 else {}),
-                        **({"last_target_only": True} if prefixes else {})})
+    batches = [step_batch(tw, i, tc) for i in order[: args.steps + 1]]  # as the trainer cuts them (``step``
+    # sets each setting's last_position_only)
     per_round: dict = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (model, opt, t, _, _) in runs.items():

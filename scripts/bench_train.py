@@ -70,6 +70,7 @@ from bftrec.trainer import (  # noqa: E402
     _optimizer,
     epoch_batches,
     seed_everything,
+    step_batch,
     train_window_set,
     use_mask_dropout,
 )
@@ -133,15 +134,6 @@ def epoch_shapes(data, tc, seed: int, max_len: int):
         P = int((pairs[:, -1] if tc.train_windows == "prefixes" else pairs).sum())
         out.append((idx, seq.shape[0], seq.shape[1] - 1, P))
     return tw, out
-
-
-def step_batch(tw, idx, tc) -> dict:
-    """The batch ``bftrec.trainer._train_epoch`` feeds the model: trimmed, with the prefixes flags."""
-    batch = {"seq": trim_left(tw.batch(idx)["seq"])}
-    if tc.train_windows == "prefixes":
-        batch["last_target_only"] = True
-        batch["last_position_only"] = tc.last_position_only
-    return batch
 
 
 def flop(B: int, L: int, P: int, mc, n_items: int, last_only: bool = False) -> dict:

@@ -35,8 +35,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from bftrec.report.cells import fmt, pval
 from bftrec.report.runs import check_comparable, command_line, describe_missing, header, load_runs, missing_cells
-from bftrec.report.tables import fmt, matched_seeds, paired_p, pval
+from bftrec.report.tables import matched_seeds, paired_p
 
 DEFAULT = "tau=default"
 VARIANT_DIR = Path(__file__).resolve().parent.parent / "configs" / "tau_variant"

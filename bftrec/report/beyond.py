@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bftrec.report.cells import fmt, pval
 from bftrec.report.runs import STANDARD, baseline
 from bftrec.report.stats import MIN_SEEDS, seed_t_half, seed_t_p
 
@@ -23,17 +24,6 @@ METRICS = ("coverage", "tail_share", "popularity", "gini")
 
 def _digits(name: str) -> int:
     return 1 if name == "popularity" else 4
-
-
-def _fmt(values: list, digits: int) -> str:
-    """Mean ± std over seeds (None, an empty group's value, left out); one seed: the value alone, marked
-    ``(1 seed)``; none: ``–``."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f} (1 seed)"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
 
 
 def _with_beyond(runs: list[dict]) -> list[dict]:
@@ -60,7 +50,7 @@ def beyond_table(groups: dict) -> pd.DataFrame:
         row = {"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "seeds": len(rs),
                "lists from": _source(rs)}
         for name in METRICS:
-            row[f"{name}@{k}"] = _fmt([r["beyond_accuracy"]["overall"][f"{name}@{k}"] for r in rs], _digits(name))
+            row[f"{name}@{k}"] = fmt([r["beyond_accuracy"]["overall"][f"{name}@{k}"] for r in rs], _digits(name))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -81,8 +71,7 @@ def difference_cell(diffs: list[float], digits: int) -> str:
     if len(diffs) < MIN_SEEDS:
         return f"{mean:+.{digits}f} ({len(diffs)} seed: no test)"
     half, p = seed_t_half(diffs), seed_t_p(diffs)
-    return (f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}], "
-            f"p {'–' if p is None else f'{p:.3g}'}")
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}], p {pval(p)}"
 
 
 def beyond_tests(groups: dict) -> pd.DataFrame:

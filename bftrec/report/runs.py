@@ -394,10 +394,16 @@ def extra_overrides(runs: list[dict]) -> list[str]:
     """Command-line overrides of the runs other than the grid axes, where-and-how-fast settings and
     the sweep keys that name cells (``_variant``), with how many runs used each: a trial
     ``trainer.epochs=2`` shows."""
+    return _counted_overrides(runs, lambda r, o: True)
+
+
+def _counted_overrides(runs: list[dict], keep) -> list[str]:
+    """``"<override> (<n> runs)"`` for each command-line override ``o`` of a run ``r`` that is not one of its
+    sweep keys (``_variant``) and passes ``keep(r, o)``, sorted."""
     count: dict = {}
     for r in runs:
         for o in r["_overrides"]:
-            if o not in r.get("_variant", ()):
+            if o not in r.get("_variant", ()) and keep(r, o):
                 count[o] = count.get(o, 0) + 1
     return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
 
@@ -423,12 +429,7 @@ def trial_overrides(runs: list[dict]) -> list[str]:
     """The ``extra_overrides`` that make runs trials (``is_trial_override``), with how many runs used each,
     leaving out an override that agrees with today's grid config of its cell (``agrees_with_grid``); the
     table header still lists every override (``extra_overrides``)."""
-    count: dict = {}
-    for r in runs:
-        for o in r["_overrides"]:
-            if o not in r.get("_variant", ()) and is_trial_override(o) and not agrees_with_grid(r, o):
-                count[o] = count.get(o, 0) + 1
-    return [f"{o} ({n} runs)" for o, n in sorted(count.items())]
+    return _counted_overrides(runs, lambda r, o: is_trial_override(o) and not agrees_with_grid(r, o))
 
 
 def is_trial_override(o: str) -> bool:

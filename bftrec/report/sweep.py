@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bftrec.report.cells import pct
+from bftrec.report.cells import pval as num
 from bftrec.report.runs import command_line
 from bftrec.report.stats import seed_t_half, seed_t_p
-from bftrec.report.tables import pct
-from bftrec.report.tables import pval as num
 
 ENDPOINTS = ("overall", "Q0", "cold")
 COLUMNS = ["layer", "value", "stratum", "seeds", "gain_seeds", "ci_lo_seeds", "ci_hi_seeds", "p_seeds",

@@ -47,6 +47,7 @@ import pandas as pd
 from scipy.stats import wilcoxon
 
 from bftrec.report.beyond import beyond_table, beyond_tests
+from bftrec.report.cells import fmt, pct, pval
 from bftrec.report.runs import (
     METRICS,
     STANDARD,
@@ -375,14 +376,6 @@ def holm_seeds(df: pd.DataFrame) -> None:
         df.loc[idx, "p_holm_seeds"] = [None if pd.isna(p) else a for p, a in zip(df.loc[idx, "p_seeds"], adj)]
 
 
-def pct(x) -> str:
-    return "–" if x is None or pd.isna(x) else ("+inf%" if np.isinf(x) else f"{100 * x:+.1f}%")
-
-
-def pval(x) -> str:
-    return "–" if x is None or pd.isna(x) else f"{x:.3g}"
-
-
 def _num(x) -> bool:
     return x is not None and not pd.isna(x)
 
@@ -417,14 +410,6 @@ def row_flags(look: dict, k3: tuple, layers: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 # tables
 # ---------------------------------------------------------------------------------------------
-def fmt(values: list[float], digits: int = 4) -> str:
-    """Mean ± std over seeds; one seed: the value alone, marked ``(1 seed)``; none: ``–``."""
-    v = [x for x in values if x is not None]
-    if not v:
-        return "–"
-    return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}" if len(v) > 1 else f"{v[0]:.{digits}f} (1 seed)"
-
-
 def fmt_epochs(epochs: list[int]) -> str:
     return f"{epochs[0]} (1 seed)" if len(epochs) == 1 else fmt(epochs, digits=1)
 

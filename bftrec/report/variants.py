@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bftrec.report.cells import fmt, pval
 from bftrec.report.runs import command_line, header, load_runs
-from bftrec.report.tables import fmt, matched_seeds, paired_p, pval
+from bftrec.report.tables import matched_seeds, paired_p
 
 log = logging.getLogger("bftrec.report.variants")
 
