@@ -145,6 +145,6 @@ def test_gain_cell_reads_too_few_instead_of_a_p_value():
     mt = tables
     row = {"gain": 1.0, "gain_seeds": 1.0, "test_note": mt.TOO_FEW_SEEDS, "p_seeds": None, "p_holm_seeds": None,
            "ci_lo_seeds": None, "ci_hi_seeds": None}
-    assert mt.gain_cell(row) == "+100.0% (n/a (too few seeds))"
+    assert mt.gain_cell(row) == "+100.0%, n/a (too few seeds)"
     row.update(test_note="", p_seeds=0.01, p_holm_seeds=0.03, ci_lo_seeds=0.5, ci_hi_seeds=1.5)
     assert mt.gain_cell(row) == "+100.0% (0.01, 0.03, [+50.0%, +150.0%])"

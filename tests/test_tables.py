@@ -745,3 +745,50 @@ def test_an_override_equal_to_todays_grid_config_is_no_trial(runs, tmp_path):
     (hydra / "overrides.yaml").write_text("- layer=bft\n- seed=0\n- trainer.epochs=2\n")
     _make_tables().main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t2")])
     assert "TRIAL: trainer.epochs=2" in "".join(pd.read_csv(tmp_path / "t2" / "comparisons.csv")["flags"].fillna(""))
+
+
+def test_an_override_is_read_as_hydra_reads_it_and_against_its_experiment(runs, tmp_path):
+    """``trainer.lr=1e-3`` is the float 0.001, as Hydra reads it (YAML would read a string); a run started with
+    ``experiment=<name>`` is compared with that experiment's composition of its cell, not train.yaml's alone."""
+    run = rr.load_runs(runs / "runs" / "bft" / "seed0")[0]
+    now = rr.default_config(run["dataset"], run["model"], run["layer"])
+    assert rr.agrees_with_grid(run, f"trainer.lr={now['trainer.lr']:e}")  # e.g. 1.000000e-03
+    assert not rr.agrees_with_grid(run, f"trainer.lr={now['trainer.lr'] * 2:e}")
+    snr = rr.default_config(run["dataset"], run["model"], run["layer"], "snr")
+    assert snr["trainer.min_epochs"] != now["trainer.min_epochs"]  # what makes this check able to fail
+    with_exp = {**run, "_overrides": ["experiment=snr", *run["_overrides"]]}
+    assert rr.agrees_with_grid(with_exp, f"trainer.min_epochs={snr['trainer.min_epochs']}")
+    assert not rr.agrees_with_grid(run, f"trainer.min_epochs={snr['trainer.min_epochs']}")
+    assert not rr.agrees_with_grid(with_exp, f"trainer.min_epochs={now['trainer.min_epochs']}")
+
+
+def test_cells_that_no_longer_match_their_grid_are_named(tmp_path):
+    """A finished grid cell whose saved config differs from what its grid composes today (a tuned config changed
+    since: Beauty SASRec's windows) is named in the tables' header (``grid_drift``); its own overrides are not
+    drift (they are TRIAL flags), and a matching cell gives nothing."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from bftrec.report.runs import CONFIGS, _flat, grid_drift
+
+    grid = CONFIGS / "experiment" / "paper" / "main.yaml"
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        nested = OmegaConf.to_container(compose("train", overrides=[
+            "experiment=paper/main", "dataset=beauty", "model=sasrec", "layer=standard"]), resolve=True)
+    assert nested["trainer"]["train_windows"] == "prefixes"  # configs/tuned/beauty_sasrec.yaml
+
+    def run(seed, windows, overrides=()):
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        cfg = {**nested, "seed": seed, "trainer": {**nested["trainer"], "train_windows": windows}}
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return {"dataset": "beauty", "model": "sasrec", "tag": "", "layer": "standard", "seed": seed,
+                "_overrides": list(overrides), "_dir": d, "_env": {"device": "cpu"}}
+
+    assert _flat(nested)["trainer.train_windows"] == "prefixes"
+    assert grid_drift([run(0, "prefixes")], grid) == []
+    lines = grid_drift([run(1, "last"), run(2, "last", ["trainer.train_windows=last"])], [grid])
+    assert lines == ["grid config since changed at trainer.train_windows for 1 runs (beauty: sasrec standard seed 1): "
+                     "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"]
+    assert grid_drift([run(3, "last")], tmp_path / "elsewhere.yaml") == []  # not a grid of configs/experiment

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # bump when a reader or the preprocessing changes its output (2: issue 9 units, headers)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "dataset"  # package data (bftrec/configs)
-_ROOT_HINT = "set BFTREC_DATA_ROOT=/path or pass data_root=/path (see data/README.md)"
+_ROOT_HINT = ("set BFTREC_DATA_ROOT=/path, or pass data_root=/path to bftrec-train / bftrec-eval "
+              "(bftrec-data: <subcommand> --data-root /path; see data/README.md)")
 
 
 # --------------------------------------------------------------------------- configs

@@ -178,6 +178,41 @@ def grid_cells(paths) -> set:
     return out
 
 
+def grid_drift(runs: list[dict], grid) -> list[str]:
+    """Where finished cells no longer match their grid: for each run of a cell of ``grid`` (a grid config or a
+    list of them), the keys at which its saved config differs from what that grid composes for the cell today
+    (``default_config`` with the grid's experiment: a tuned config changed since the cell ran), leaving out the
+    run's own command-line overrides (a TRIAL is flagged apart), the seed, ``trainer.amp`` (as for trials) and
+    the volatile keys of ``bftrec.grid``. A grid rerun refuses such cells ("holds a run of another config").
+
+    Returns:
+        one line per key, ``"grid config since changed at <key> for 12 runs (beauty: sasrec bft, standard seeds 0,
+        1, 2; ...): rerun them ..."``; [] when every cell matches, or for a grid outside ``configs/experiment``.
+    """
+    by_key: dict = {}
+    for path in [grid] if isinstance(grid, (str, Path)) else grid:
+        try:
+            experiment = Path(path).resolve().relative_to((CONFIGS / "experiment").resolve())
+        except ValueError:
+            continue
+        experiment = experiment.with_suffix("").as_posix()  # configs/experiment/paper/main.yaml: paper/main
+        cells_ = grid_cells(path)
+        for r in runs:
+            if (r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]) not in cells_:
+                continue
+            now = default_config(r["dataset"], r["model"], r["layer"], experiment)
+            if not now:
+                continue
+            cfg = run_config(r)
+            own = {o.lstrip("+~").partition("=")[0] for o in r["_overrides"]}
+            for k in sorted((set(cfg) | set(now)) - VOLATILE - own - {"seed", "trainer.amp"}):
+                if (cfg[k] if k in cfg else absent_value(r, k)) != now.get(k, "<absent>"):
+                    by_key.setdefault(k, set()).add((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
+    return [f"grid config since changed at {k} for {len(c)} runs ({'; '.join(describe_missing(sorted(c)))}): "
+            "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"
+            for k, c in sorted(by_key.items())]
+
+
 def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
     """Cells (dataset, model, tag, layer, seed) expected but absent, sorted.
 
@@ -231,10 +266,11 @@ def normalise_config(cfg: dict) -> dict:
 
 
 @functools.cache
-def default_config(dataset: str, model: str, layer: str) -> dict:
+def default_config(dataset: str, model: str, layer: str, experiment: str = "") -> dict:
     """Today's flat config of a cell: Hydra composition of ``configs/train.yaml`` with
-    ``dataset=, model=, layer=`` (tuned config included), each group completed with its dataclass
-    defaults. {} when the repo cannot compose it (a name no longer in ``configs/``)."""
+    ``dataset=, model=, layer=`` (tuned config included; with ``experiment``, that experiment config first, as a
+    grid composes its cells), each group completed with its dataclass defaults. {} when the repo cannot compose
+    it (a name no longer in ``configs/``)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
@@ -244,7 +280,8 @@ def default_config(dataset: str, model: str, layer: str) -> dict:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("train", overrides=[f"dataset={dataset}", f"model={model}", f"layer={layer}"])
+            cfg = compose("train", overrides=[f"experiment={experiment}"] * bool(experiment)
+                          + [f"dataset={dataset}", f"model={model}", f"layer={layer}"])
         typed = typed_groups(cfg)
     except (HydraException, ConfigError, ValueError):
         return {}
@@ -412,17 +449,24 @@ def agrees_with_grid(run: dict, override: str) -> bool:
     """Whether ``key=value`` sets what today's composed config of the run's cell already holds
     (``default_config``: tuned config included): such an override changed nothing against the grid, as
     ``trainer.train_windows=prefixes`` on a rerun started before its tuned config was switched to that value.
-    A deletion (``~key``) or a key the cell does not compose never agrees."""
+    A run started with ``experiment=<name>`` is compared with that experiment's composition of the cell. The
+    value is read as Hydra reads it (``1e-3`` is the float 0.001). A deletion (``~key``), a key the cell does
+    not compose or a value Hydra cannot parse never agrees."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     if override.startswith("~"):
         return False
-    key, _, value = override.lstrip("+").partition("=")
-    now = default_config(run["dataset"], run["model"], run["layer"])
+    key = override.lstrip("+").partition("=")[0]
+    experiment = next((o.partition("=")[2] for o in run["_overrides"] if o.startswith("experiment=")), "")
+    now = default_config(run["dataset"], run["model"], run["layer"], experiment)
     if key not in now:
         return False
     try:
-        return yaml.safe_load(value) == now[key]
-    except yaml.YAMLError:
+        value = OverridesParser.create().parse_overrides([override.lstrip("+")])[0].value()
+    except HydraException:
         return False
+    return value == now[key]
 
 
 def trial_overrides(runs: list[dict]) -> list[str]:

@@ -142,7 +142,7 @@ def test_verify_checksum(tmp_path):
 
 
 def test_missing_data_root_and_missing_file(root):
-    with pytest.raises(ValueError, match=r"BFTREC_DATA_ROOT=/path or pass data_root=/path"):
+    with pytest.raises(ValueError, match=r"BFTREC_DATA_ROOT=/path, or pass data_root=/path to bftrec-train"):
         load_dataset(toy())
     with pytest.raises(FileNotFoundError) as e:
         load_dataset(toy(path="toy/none.txt"), str(root / "raw"))

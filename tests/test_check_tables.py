@@ -1,0 +1,60 @@
+"""scripts/check_tables.py: the quoted bftrec-report commands are found, rerun, and a committed file that no
+longer comes back from its command is named."""
+import json
+
+import pandas as pd
+
+from tests.scripts import load_script
+
+ct = load_script("check_tables")
+
+
+def _run(root, seed, valid_hr, test_hr):
+    """A run folder as bftrec-report valid-test reads it (history.csv and metrics.json)."""
+    d = root / "ml-1m" / "hstu" / "standard" / f"seed{seed}"
+    d.mkdir(parents=True)
+    pd.DataFrame({"epoch": range(1, len(valid_hr) + 1), "loss": 1.0, "valid_HR@10": valid_hr,
+                  "valid_NDCG@10": [v / 2 for v in valid_hr]}).to_csv(d / "history.csv", index=False)
+    (d / "metrics.json").write_text(json.dumps({
+        "dataset": "ml-1m", "model": "hstu", "layer": "standard", "tag": None, "seed": seed, "best_epoch": 2,
+        "test": {"overall": {"HR@10": test_hr, "NDCG@10": test_hr / 2}}}))
+
+
+def test_a_committed_table_is_rechecked_and_a_changed_one_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _run(tmp_path / "results" / "vt" / "runs", 0, [0.1, 0.3, 0.2], 0.25)
+    _run(tmp_path / "results" / "vt" / "runs", 1, [0.2, 0.4], 0.29)
+    from bftrec.report import cli
+    assert cli.main(["valid-test", "results/vt/runs", "--out", "results/vt/valid_vs_test.md"]) == 0
+    made = (tmp_path / "results" / "vt" / "valid_vs_test.md").read_text()
+    cmd = "bftrec-report valid-test results/vt/runs --out results/vt/valid_vs_test.md"
+    assert f"`{cmd}`" in made  # the table records its own command, which the checker reads
+    (tmp_path / "README.md").write_text("Templates are not rerun: `bftrec-report tables --runs\n"
+                                        "results/paper_<grid>/runs --out results/paper_<grid>/tables`.\n")
+    assert ct.recorded_commands(tmp_path) == [
+        "bftrec-report tables --runs results/paper_<grid>/runs --out results/paper_<grid>/tables", cmd]
+    assert ct.main(["--json", "out.json"]) == 0
+    outcome = json.loads((tmp_path / "out.json").read_text())
+    assert outcome["counts"] == {"not rerunnable": 1, "same": 1}
+
+    # a hand-edited number no longer comes from its command: named, exit 1, the committed file untouched
+    edited = made.replace("0.2500", "0.2600")
+    assert edited != made
+    (tmp_path / "results" / "vt" / "valid_vs_test.md").write_text(edited)
+    assert ct.main(["--only", "valid-test", "--json", "out.json"]) == 1
+    res = json.loads((tmp_path / "out.json").read_text())["commands"]
+    assert res == [{"command": cmd, "result": "differs", "files": ["results/vt/valid_vs_test.md"]}]
+    assert (tmp_path / "results" / "vt" / "valid_vs_test.md").read_text() == edited
+
+    # --write reruns it in place
+    assert ct.main(["--only", "valid-test", "--write"]) == 0
+    assert (tmp_path / "results" / "vt" / "valid_vs_test.md").read_text() == made
+
+
+def test_a_command_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "x").mkdir(parents=True)
+    (tmp_path / "results" / "x" / "README.md").write_text(
+        "`bftrec-report tables --runs results/x --out results/x/tables` (no runs there)\n")
+    assert ct.main(["--json", "out.json"]) == 1
+    assert json.loads((tmp_path / "out.json").read_text())["counts"] == {"failed": 1}
