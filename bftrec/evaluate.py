@@ -74,23 +74,24 @@ def rescore(run_dir: Path, overrides: list[str], out_dir: Path | None = None, al
     """Re-score ``run_dir`` with ``overrides``; returns the metrics dict (also written to disk).
 
     ``out_dir`` (default a new ``<run_dir>/eval_<time>``, ``_2``, ... when one of that second exists) must
-    not hold a run or an earlier re-score: its files are never overwritten.
+    be a new or empty folder: nothing is ever overwritten.
 
     Raises:
         FileNotFoundError: no config.yaml / checkpoint.pt in ``run_dir``.
-        ConfigError: an unknown override key; a torn, empty or foreign checkpoint.pt; an ``out_dir`` that
-            already holds metrics.json or checkpoint.pt (one line each).
+        ConfigError: an unknown override key; a torn, empty or foreign checkpoint.pt; an ``out_dir`` that is a
+            file or a folder holding any file (one line each; before any scoring).
     """
     started = time.time()
     run_dir = Path(run_dir)
     for name in ("config.yaml", "checkpoint.pt"):
         if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir / name} not found; pass a run directory written by bftrec-train")
-    if out_dir is not None:
-        taken = [n for n in ("metrics.json", "checkpoint.pt") if (Path(out_dir) / n).exists()]
-        if taken:
-            raise ConfigError(f"--out {out_dir} already holds {taken[0]} (a run or an earlier re-score), which "
-                              "bftrec-eval never overwrites; choose a new folder (or omit --out)")
+    if out_dir is not None and Path(out_dir).exists():  # checked before any scoring
+        if not Path(out_dir).is_dir():
+            raise ConfigError(f"--out {out_dir} is a file; give a new folder (or omit --out)")
+        if any(Path(out_dir).iterdir()):
+            raise ConfigError(f"--out {out_dir} already holds files (a run, its .hydra/ or an earlier re-score), "
+                              "which bftrec-eval never overwrites; give a new or empty folder (or omit --out)")
     unfinished = not (run_dir / "metrics.json").exists()
     if unfinished:  # killed or failed: checkpoint.pt holds the best epoch so far, not the run's final choice
         why = (run_dir / "FAILED").read_text().strip() if (run_dir / "FAILED").exists() else "no metrics.json"

@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -34,22 +36,37 @@ from bftrec.config import CONFIG_DIR, ConfigError
 
 log = logging.getLogger("bftrec.tune")
 TYPES = ("float", "int", "categorical")
+FIELDS = {"float": {"type", "low", "high", "log"}, "int": {"type", "low", "high", "log"},
+          "categorical": {"type", "choices"}}
 BFT_LAYERS = ("bft", "bft_h")
+NOT_SEARCHED = ("dataset", "model", "layer", "seed", "experiment", "debug")  # what a study compares, not tunes
+SEED_LIMIT = 2 ** 32  # numpy's and Optuna's sampler seeds lie in [0, 2**32)
 
 
 def parse_space(node: dict, where: str) -> dict[str, dict]:
     """Check one space (``{key: {type, low, high, log} | {type: categorical, choices}}``) and return it.
 
     Raises:
-        ConfigError: an unknown type, a missing or empty or inverted range, log with low <= 0, no choices;
-            one line naming ``where`` and the key.
+        ConfigError: an unknown type or field (``Log:``), a grid axis (``layer``, ``dataset``, ``model``, ``seed``:
+            the study compares them, with equal budgets, instead of searching them), a missing, infinite, empty or
+            inverted range, a ``log`` that is not true or false, log with low <= 0, no choices; one line naming
+            ``where`` and the key.
     """
     out = {}
     if node is not None and not isinstance(node, dict):
         raise ConfigError(f"{where}: a mapping of keys to {{type, low, high}} is needed, got {type(node).__name__}")
     for key, spec in (node or {}).items():
+        if str(key).lstrip("+~").split("=")[0] in NOT_SEARCHED:
+            raise ConfigError(f"{where}: {key} is not searched: a study compares layers with --layers and runs one "
+                              "dataset, backbone and seed (set them after --); drop it from the space")
         if not isinstance(spec, dict) or spec.get("type") not in TYPES:
             raise ConfigError(f"{where}: {key}: give type: one of {', '.join(TYPES)} (got {spec!r})")
+        unknown = sorted(set(map(str, spec)) - FIELDS[spec["type"]])
+        if unknown:
+            raise ConfigError(f"{where}: {key}: unknown field(s) {', '.join(unknown)} for type {spec['type']}; "
+                              f"a {spec['type']} parameter takes {', '.join(sorted(FIELDS[spec['type']]))}")
+        if "log" in spec and not isinstance(spec["log"], bool):
+            raise ConfigError(f"{where}: {key}: log={spec['log']!r}; give log: true or log: false (unquoted)")
         if spec["type"] == "categorical":
             if not isinstance(spec.get("choices"), list) or not spec["choices"]:
                 raise ConfigError(f"{where}: {key}: a categorical parameter needs a non-empty choices list")
@@ -65,6 +82,8 @@ def parse_space(node: dict, where: str) -> dict[str, dict]:
             low, high = spec["low"], spec["high"]
             if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not low < high:
                 raise ConfigError(f"{where}: {key}: the range [{low}, {high}] is empty or inverted; give low < high")
+            if not (math.isfinite(low) and math.isfinite(high)):
+                raise ConfigError(f"{where}: {key}: the range [{low}, {high}] is not finite; give finite bounds")
             if spec.get("log") and low <= 0:
                 raise ConfigError(f"{where}: {key}: log: true needs low > 0 (got {low})")
             if spec["type"] == "int" and not (float(low).is_integer() and float(high).is_integer()):
@@ -187,17 +206,22 @@ def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: 
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats: stable in use
     retry = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback  # < 4.9
-    try:
-        storage = storages.RDBStorage(storage_url, heartbeat_interval=max(1, grace // 3), grace_period=grace,
-                                      heartbeat_stale_trial_callback=retry(max_retry=2))
-        before = optuna.load_study(study_name=name, storage=storage) if name in \
-            optuna.get_all_study_names(storage) else None
-    except Exception as e:  # sqlalchemy and optuna raise many types for a bad URL or an unreadable database
-        raise ConfigError(f"--storage {storage_url}: cannot open it ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); give a writable sqlite:/// path or a "
-                          "database URL") from None
+    for attempt in range(5):  # workers started together race to create a new database's tables: try again
+        try:
+            storage = storages.RDBStorage(storage_url, heartbeat_interval=max(1, grace // 3), grace_period=grace,
+                                          heartbeat_stale_trial_callback=retry(max_retry=2))
+            before = optuna.load_study(study_name=name, storage=storage) if name in \
+                optuna.get_all_study_names(storage) else None
+            break
+        except Exception as e:  # sqlalchemy and optuna raise many types for a bad URL or an unreadable database
+            if attempt < 4 and type(e).__name__ in ("IntegrityError", "OperationalError"):
+                time.sleep(0.5 + attempt)
+                continue
+            raise ConfigError(f"--storage {storage_url}: cannot open it ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); give a writable sqlite:/// path or a "
+                              "database URL") from None
     n_before = len(before.trials) if before is not None else 0
-    sampler_seed = seed + 7919 * worker + 104729 * n_before  # a resume or another worker: new start-up points
+    sampler_seed = (seed + 7919 * worker + 104729 * n_before) % SEED_LIMIT  # resume, other worker: new points
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=sampler_seed),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3))
@@ -311,14 +335,18 @@ def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
                               "the override or the key from the space")
         check_space([*base, f"layer={layer}"], space)
         plans.append((layer, space))
+    url = args.storage or f"sqlite:///{(args.out / 'studies.db').resolve()}"
+    if not args.storage:
+        args.out.mkdir(parents=True, exist_ok=True)
+    studies = [(layer, space, open_study(f"{args.study}_{layer}", url, space, [*base, f"layer={layer}"], args.seed,
+                                         args.grace, args.worker))
+               for layer, space in plans]  # every study opened and checked (a resume's space) before any trial
     dirs = []
-    for layer, space in plans:
+    for layer, space, study in studies:
         layer_base = [*base, f"layer={layer}"]
         name = f"{args.study}_{layer}"
         study_dir = args.out / name
         study_dir.mkdir(parents=True, exist_ok=True)
-        url = args.storage or f"sqlite:///{(args.out / 'studies.db').resolve()}"
-        study = open_study(name, url, space, layer_base, args.seed, args.grace, args.worker)
         left = args.trials - finished(study)
         log.info("study %s: %d of %d trials finished; %d to run", name, args.trials - max(left, 0), args.trials,
                  max(left, 0))
@@ -371,6 +399,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--layers: give at least one layer, e.g. standard,bft")
     if args.grace < 1:
         ap.error(f"--grace {args.grace}: give at least 1 second")
+    for flag, value in (("--seed", args.seed), ("--worker", args.worker)):
+        if not 0 <= value < SEED_LIMIT:
+            ap.error(f"{flag} {value}: give an integer in [0, 2**32)")
     if any(o.split("=")[0].lstrip("+") in ("layer", "hydra.sweeper.params") for o in base):
         ap.error("set the layers with --layers, not layer= after --")
     try:

@@ -65,6 +65,7 @@ from bftrec.layers.precision import compiling  # noqa: E402
 from bftrec.models import MODELS, DataInfo  # noqa: E402
 from bftrec.models.sasrec import SASRecBlock, SASRecConfig  # noqa: E402
 from bftrec.models.sasrec_bft import BFTSASRecBlock  # noqa: E402
+from scripts import _cli as cli  # noqa: E402
 
 SPORTS_ITEMS = 18357
 LAYER = {"d_model": 64, "d_ff": 256, "T": 50, "B": 256, "n_heads": 2, "dropout": 0.2}
@@ -337,23 +338,24 @@ def summarize(times: dict, mem: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto")
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per variant (median reported)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first")
-    ap.add_argument("--loss", default=None,
+    ap.add_argument("--device", default="auto", type=cli.device, help="cpu | cuda | cuda:N | auto")
+    ap.add_argument("--steps", type=cli.at_least(1), default=8, help="timed steps per variant (median reported)")
+    ap.add_argument("--warmup", type=cli.at_least(0), default=2, help="untimed steps per variant first")
+    ap.add_argument("--loss", default=None, choices=("sampled_softmax", "ce", "bce"),
                     help="end-to-end loss: sampled_softmax (CPU default) | ce (CUDA default) | bce")
     ap.add_argument("--amp", choices=("auto", "on", "off"), default="auto",
                     help="bf16 autocast; auto = on for CUDA (as the trainer), off on CPU")
-    ap.add_argument("--mem-steps", type=int, default=2, help="steps per variant for the peak-memory pass")
-    ap.add_argument("--threads", type=int, default=0,
+    ap.add_argument("--mem-steps", type=cli.at_least(1), default=2, help="steps per variant for the peak-memory pass")
+    ap.add_argument("--threads", type=cli.at_least(0), default=0,
                     help="torch CPU threads (0 = torch default); 1 is steadier on a shared machine")
     ap.add_argument("--only", choices=("layer", "e2e", "trainer", "both", "all"), default="all",
                     help="both = layer and e2e; all = layer, e2e and the trainer's setting")
-    ap.add_argument("--trainer-steps", type=int, default=TRAINER["steps"],
+    ap.add_argument("--trainer-steps", type=cli.at_least(1), default=TRAINER["steps"],
                     help="timed steps per variant in the trainer's setting (real Sports, 1 thread, batch 512)")
-    ap.add_argument("--trainer-mem-steps", type=int, default=20,
+    ap.add_argument("--trainer-mem-steps", type=cli.at_least(1), default=20,
                     help="bucketed batches per variant for the trainer setting's peak-memory pass (same batches)")
-    ap.add_argument("--out", default=None, help="JSON path; default results/bench/layer_<device>.json")
+    ap.add_argument("--out", default=None,
+                    help="JSON path; default results/bench/layer_<device>.json (SASRec), layer_<model>_<device>.json")
     ap.add_argument("--note", default="", help="free text stored in the JSON (e.g. why --threads was set)")
     ap.add_argument("--model", default="sasrec", choices=("sasrec", "bert4rec", "hstu"),
                     help="the backbone of the e2e and trainer settings (the layer alone is SASRec's block)")
@@ -399,6 +401,8 @@ def main() -> None:
     kinds = {"both": ("layer", "e2e"), "all": ("layer", "e2e", "trainer")}.get(args.only, (args.only,))
     real = sports_windows() if "trainer" in kinds else None
     if "trainer" in kinds and real is None:
+        if args.only == "trainer":  # nothing else to measure: refuse rather than write an empty result
+            raise SystemExit("bench_layer: --only trainer needs the real Sports data; set BFTREC_DATA_ROOT")
         print("trainer setting skipped: it needs the real Sports data under $BFTREC_DATA_ROOT")
         kinds = tuple(k for k in kinds if k != "trainer")
     for kind in kinds:
@@ -427,7 +431,8 @@ def main() -> None:
                   f"peak memory {x['peak_memory'] or math.nan:.2f}x of standard")
     result["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     result["wall_s"] = round(time.time() - t_start, 1)
-    out = Path(args.out or ROOT / "results" / "bench" / f"layer_{device.type}.json")
+    name = f"layer_{device.type}.json" if args.model == "sasrec" else f"layer_{args.model}_{device.type}.json"
+    out = Path(args.out or ROOT / "results" / "bench" / name)  # another backbone never overwrites SASRec's
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out} ({result['wall_s']} s)")

@@ -87,6 +87,9 @@ from bftrec.models.sasrec import SASRec, SASRecConfig
 from bftrec.trainer import fit, seed_everything
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # scripts/_cli.py, also when this file is run as a script
+from scripts import _cli as cli  # noqa: E402
+
 INSTALL_HINT = "install the optional extra: pip install -e '.[peer]'"
 CONVENTIONS = ("masked", "unmasked")
 FAST_PATHS = {  # --fast NAME: bftrec's opt-in trainer fast paths (docs/results.md §3.1); the model is the same
@@ -217,7 +220,14 @@ def hyperparameters(dataset: str, overrides: list[str]) -> dict:
         key, _, value = item.partition("=")
         if key not in hp or not value:
             raise SystemExit(f"bench_peer: error: --hp {item!r}: use key=value with key one of {', '.join(HP_KEYS)}")
-        hp[key] = type(hp[key])(value)
+        try:
+            hp[key] = type(hp[key])(value)
+        except ValueError:
+            raise SystemExit(f"bench_peer: error: --hp {item!r}: {key} takes a {type(hp[key]).__name__}") from None
+        rate = key.endswith("dropout")
+        if not (0 <= hp[key] < 1 if rate else hp[key] > 0):
+            raise SystemExit(f"bench_peer: error: --hp {item!r}: out of range "
+                             f"({'a rate in [0, 1)' if rate else 'give a positive value'})")
     return hp
 
 
@@ -563,16 +573,17 @@ def data_summary(data) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "sports"], help="bftrec dataset names")
-    ap.add_argument("--epochs", type=int, default=200, help="most epochs per framework")
-    ap.add_argument("--patience", type=int, default=10,
+    ap.add_argument("--epochs", type=cli.at_least(1), default=200, help="most epochs per framework")
+    ap.add_argument("--patience", type=cli.at_least(1), default=10,
                     help="a framework stops after this many epochs without a better valid NDCG@10 (either convention)")
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds")
+    ap.add_argument("--seeds", type=cli.int_list, default=[0], help="comma-separated seeds")
     ap.add_argument("--targets", choices=("window", "all"), default="window",
                     help="training targets: bftrec's window (RecBole fed truncated sequences) or all prefixes")
     ap.add_argument("--hp", nargs="*", default=[], help="hyperparameter overrides, e.g. max_len=50 batch_size=128")
     ap.add_argument("--fast", nargs="*", default=[], choices=sorted(FAST_PATHS),
                     help="bftrec's opt-in trainer fast paths (same model; last_position_only needs --targets all)")
-    ap.add_argument("--eval-batch-size", type=int, default=1024, help="users per scoring chunk, both frameworks")
+    ap.add_argument("--eval-batch-size", type=cli.at_least(1), default=1024,
+                    help="users per scoring chunk, both frameworks")
     ap.add_argument("--trial", action="store_true", help="mark the JSON as a trial (small budget)")
     ap.add_argument("--eval-speed", type=int, metavar="REPS", default=0,
                     help="no training: time REPS full-ranking validations per framework, interleaved "
@@ -588,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.progress:
         if args.workdir is None or args.out is None:
             ap.error("--progress reads --workdir and writes --out; give both")
-        seeds = [int(s) for s in args.seeds.split(",")]
+        seeds = args.seeds
         write_json({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(),
                                                       *(argv if argv is not None else sys.argv[1:])]),
                     "date": datetime.now().isoformat(timespec="seconds"), "finished": False,
@@ -599,8 +610,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.eval_speed < 0:
         ap.error(f"--eval-speed {args.eval_speed} must be >= 0 (0 = train and compare)")
-    if args.epochs < 1 or args.patience < 1:
-        ap.error(f"--epochs {args.epochs} and --patience {args.patience} must be >= 1")
     if "last_position_only" in args.fast and args.targets != "all":
         ap.error("--fast last_position_only needs --targets all (prefixes: one loss position per window)")
     if args.out is None:
@@ -610,7 +619,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("bench_peer", "bftrec"):  # RecBole logs to the root logger: only its warnings show
         logging.getLogger(name).setLevel(logging.INFO)
     torch.set_num_threads(1)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     result = {
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.now().isoformat(timespec="seconds"), "trial": args.trial,

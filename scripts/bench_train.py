@@ -74,6 +74,7 @@ from bftrec.trainer import (  # noqa: E402
     train_window_set,
     use_mask_dropout,
 )
+from scripts import _cli as cli  # noqa: E402
 
 log = logging.getLogger("bench_train")
 VARIANTS = ("legacy", "plain", "chunked", "fast")
@@ -292,11 +293,13 @@ def eval_cost(model, data, max_len: int) -> dict:
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (the first: the largest batch)")
-    ap.add_argument("--gemm-reps", type=int, default=5)
-    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--threads", type=cli.at_least(1), default=1)
+    ap.add_argument("--steps", type=cli.at_least(1), default=30, help="timed steps per variant")
+    ap.add_argument("--warmup", type=cli.at_least(0), default=2,
+                    help="untimed steps first (the first: the largest batch)")
+    ap.add_argument("--gemm-reps", type=cli.at_least(1), default=5)
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", default=str(ROOT / "results" / "bench" / "train_cpu.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -250,7 +250,7 @@ def test_run_pair_workdir_may_be_relative(tmp_path, monkeypatch, data):
 def test_epochs_and_patience_below_one_are_refused(tmp_path, capsys, flags):
     with pytest.raises(SystemExit) as e:
         load_script("bench_peer").main([*flags, "--out", str(tmp_path / "x.json")])
-    assert e.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flags[0]}: 0: give an integer >= 1" in capsys.readouterr().err
 
 
 def test_progress_reports_a_stopped_run_without_recbole(tmp_path, monkeypatch, data):

@@ -265,19 +265,28 @@ def test_eval_does_not_log_the_untrained_lambda0(tmp_path, caplog):
 
 # --- bftrec-eval never writes over a run or an earlier re-score --------------------------------
 
-@pytest.mark.parametrize("target", ["run", "earlier_eval"])
+@pytest.mark.parametrize("target", ["run", "earlier_eval", "hydra_record"])
 def test_rescore_refuses_an_out_folder_that_holds_results(tmp_path, finished_run, target):
+    """Any file in --out (a run, an earlier re-score, another run's .hydra/config.yaml) stops bftrec-eval before it
+    scores; the file stays as it was."""
     shutil.copytree(finished_run, tmp_path / "run")
-    out = tmp_path / "run"
+    out, name = tmp_path / "run", "metrics.json"
     if target == "earlier_eval":
         out = tmp_path / "run" / "eval_old"
         out.mkdir()
         (out / "metrics.json").write_text("{}")
-    before = (out / "metrics.json").read_bytes()
-    with pytest.raises(ConfigError, match=f"--out {out} already holds metrics.json.*choose a new folder") as e:
+    if target == "hydra_record":
+        out, name = tmp_path / "other" / ".hydra", "config.yaml"
+        out.mkdir(parents=True)
+        (out / name).write_text("seed: 7\n")
+    before = (out / name).read_bytes()
+    with pytest.raises(ConfigError, match=f"--out {out} already holds files .*give a new or empty folder") as e:
         rescore(tmp_path / "run", ["eval.repeat_target=mask"], out)
     assert "\n" not in str(e.value)
-    assert (out / "metrics.json").read_bytes() == before
+    assert (out / name).read_bytes() == before
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError, match="--out .*a_file is a file; give a new folder"):
+        rescore(tmp_path / "run", [], tmp_path / "a_file")
 
 
 def test_rescores_started_in_one_second_get_their_own_folders(tmp_path, finished_run, monkeypatch):

@@ -1,6 +1,7 @@
 """bftrec-report tables (bftrec.report.tables) reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -700,6 +701,25 @@ def test_an_old_run_takes_beyond_accuracy_from_its_own_rescore(runs, tmp_path):
     from bftrec.report.beyond import beyond_table
 
     assert beyond_table({("d", "m", "", "bft"): [r]})["lists from"].iloc[0] == "re-score (1 of 1)"
+    no_lists = {k: v for k, v in r.items() if k != "beyond_accuracy"}  # a seed whose re-score was passed over
+    assert beyond_table({("d", "m", "", "bft"): [r, no_lists]})["lists from"].iloc[0] == \
+        "re-score (1 of 1); 1 of 2 runs without lists"
+
+    # a re-score whose block is malformed (no overall values, a missing metric, a NaN) is passed over, named
+    good = json.loads((old / "eval_beyond" / "metrics.json").read_text())
+    shutil.rmtree(old / "eval_zz")
+    bad = {"no overall": {"k": 10}, "missing gini": {"k": 10, "overall": {
+        x: v for x, v in good["beyond_accuracy"]["overall"].items() if not x.startswith("gini")}},
+        "nan": {"k": 10, "overall": {**good["beyond_accuracy"]["overall"], "tail_share@10": float("nan")}}}
+    for name, block in bad.items():
+        assert rr.beyond_problem(block)
+        (old / "eval_zz").mkdir(exist_ok=True)
+        (old / "eval_zz" / "metrics.json").write_text(json.dumps({**good, "beyond_accuracy": block}))
+        assert rr.load_runs(old)[0]["beyond_accuracy"]["from"] == "eval_beyond", name  # the next one, valid
+    assert rr.beyond_problem(good["beyond_accuracy"]) is None
+    own = json.loads((old / "metrics.json").read_text())
+    (old / "metrics.json").write_text(json.dumps({**own, "beyond_accuracy": bad["nan"]}))  # the run's own block
+    assert rr.load_runs(old)[0]["beyond_accuracy"]["from"] == "eval_beyond"  # left out, the re-score's instead
 
 
 def test_beyond_tests_pair_seeds_and_test_over_them_hand_computed():
@@ -792,3 +812,18 @@ def test_cells_that_no_longer_match_their_grid_are_named(tmp_path):
     assert lines == ["grid config since changed at trainer.train_windows for 1 runs (beauty: sasrec standard seed 1): "
                      "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"]
     assert grid_drift([run(3, "last")], tmp_path / "elsewhere.yaml") == []  # not a grid of configs/experiment
+
+
+def test_a_rescore_kept_inside_a_run_under_any_name_is_no_run(runs, tmp_path):
+    """``bftrec-eval standard/seed0 --out bft/seed1/rescore`` leaves a metrics.json inside another run's folder:
+    it must not become a run (here it would be a second standard seed 0 and a baseline for bft)."""
+    import shutil
+
+    root = _copy(runs, tmp_path)
+    n = len(rr.load_runs(root))
+    shutil.copytree(root / "standard" / "seed0", root / "bft" / "seed1" / "rescore")
+    m = json.loads((root / "bft" / "seed1" / "rescore" / "metrics.json").read_text())
+    (root / "bft" / "seed1" / "rescore" / "metrics.json").write_text(json.dumps({**m, "rescored_from": "x"}))
+    found = rr.load_runs(root)
+    assert len(found) == n and all(r["_dir"].name != "rescore" for r in found)
+    assert len(rr.load_runs(root / "bft" / "seed1" / "rescore")) == 1  # named as the root, it is read

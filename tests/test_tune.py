@@ -22,6 +22,14 @@ SMOKE = ["debug=smoke", "trainer.epochs=2", "trainer.device=cpu", "trainer.num_t
     ({"model.dropout": {"type": "uniform", "low": 0, "high": 1}}, "model.dropout: give type: one of float"),
     ({"layer.tau.kind": {"type": "categorical", "choices": []}}, "layer.tau.kind: a categorical parameter needs"),
     ({"model.n_layers": {"type": "int", "low": 1.5, "high": 3}}, "model.n_layers: an int parameter needs integer"),
+    ({"trainer.lr": {"type": "float", "low": 1e-4, "high": float("inf")}}, r"trainer.lr: the range .* is not finite"),
+    ({"trainer.lr": {"type": "float", "low": 1e-5, "high": 0.1, "Log": True}}, r"trainer.lr: unknown field\(s\) Log"),
+    ({"trainer.lr": {"type": "float", "low": 1e-5, "high": 0.1, "step": 0.5}}, r"unknown field\(s\) step for type"),
+    ({"layer.tau.kind": {"type": "categorical", "choices": ["a"], "low": 1}}, r"tau.kind: unknown field\(s\) low"),
+    ({"trainer.lr": {"type": "float", "low": 1e-5, "high": 0.1, "log": "false"}}, "log='false'; give log: true or"),
+    ({"layer": {"type": "categorical", "choices": ["standard", "bft"]}}, "layer is not searched: a study compares"),
+    ({"seed": {"type": "int", "low": 0, "high": 3}}, "seed is not searched"),
+    ({"dataset": {"type": "categorical", "choices": ["office"]}}, "dataset is not searched"),
 ])
 def test_a_bad_range_is_one_line_naming_the_key(spec, message):
     with pytest.raises(ConfigError, match=message):
@@ -172,7 +180,58 @@ def test_a_resumed_study_draws_new_points_and_a_failed_trial_does_not_stop_it(tm
     assert not (tmp_path / "d" / "d_standard" / "best.yaml").exists()
 
 
+def test_a_resume_with_another_bft_space_is_refused_before_any_trial_of_any_layer(tmp_path, capsys):
+    """Every layer's study is opened and its stored space checked before the first trial: changing only
+    ``bft_space`` must not let the standard study run on and break the equal budgets."""
+    shared = "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
+    common = ["--out", str(tmp_path / "o"), "--study", "e", "--layers", "standard,bft"]
+    main(["--space", _space(tmp_path, shared + "bft_space:\n  layer.tau.lr_scale: {type: float, low: 1, high: 10}\n"),
+          "--trials", "1", *common, "--", *SMOKE])
+    changed = _space(tmp_path, shared + "bft_space:\n  layer.tau.lr_scale: {type: float, low: 1, high: 100}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["--space", changed, "--trials", "2", *common, "--", *SMOKE])
+    assert e.value.code == 2 and "study e_bft" in capsys.readouterr().err
+    db = f"sqlite:///{tmp_path / 'o' / 'studies.db'}"
+    assert [len(optuna.load_study(study_name=f"e_{la}", storage=db).trials) for la in ("standard", "bft")] == [1, 1]
+
+
+def test_seeds_stay_in_the_samplers_range(tmp_path, capsys):
+    from bftrec.tune import SEED_LIMIT
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    open_study("x", url, load_space("transformer", "standard"), SMOKE, SEED_LIMIT - 1, 60, worker=3)  # wraps
+    for args in (["--seed", "-1"], ["--worker", "-2"], ["--seed", str(SEED_LIMIT)]):
+        with pytest.raises(SystemExit) as e:
+            main([*args, "--trials", "1", "--out", str(tmp_path / "o"), "--", *SMOKE])
+        assert e.value.code == 2 and f"{args[0]} {args[1]}: give an integer in [0, 2**32)" in capsys.readouterr().err
+
+
 def test_a_key_both_fixed_and_searched_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--trials", "1", "--out", str(tmp_path / "o"), "--", *SMOKE, "trainer.lr=0.01"])
     assert e.value.code == 2 and "trainer.lr: both set after -- and searched" in capsys.readouterr().err
+
+
+def test_workers_racing_to_create_a_new_database_try_again(tmp_path, monkeypatch):
+    """Two workers started together on a new SQLite file race to create its tables; the loser's IntegrityError
+    is retried, not reported as an unwritable path."""
+    from optuna import storages
+
+    import bftrec.tune as bt
+
+    real, calls = storages.RDBStorage, []
+
+    class IntegrityError(Exception):  # what sqlalchemy raises to the loser of the race
+        pass
+
+    class Flaky(real):
+        def __init__(self, *a, **k):
+            calls.append(1)
+            if len(calls) == 1:
+                raise IntegrityError("UNIQUE constraint failed: alembic_version.version_num")
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(storages, "RDBStorage", Flaky)
+    monkeypatch.setattr(bt.time, "sleep", lambda s: None)
+    open_study("x", f"sqlite:///{tmp_path / 's.db'}", load_space("transformer", "standard"), SMOKE, 0, 60)
+    assert len(calls) == 2

@@ -16,10 +16,9 @@ import numpy as np
 import pandas as pd
 
 from bftrec.report.cells import fmt, pval
+from bftrec.report.runs import BEYOND_METRICS as METRICS
 from bftrec.report.runs import STANDARD, baseline
 from bftrec.report.stats import MIN_SEEDS, seed_t_half, seed_t_p
-
-METRICS = ("coverage", "tail_share", "popularity", "gini")
 
 
 def _digits(name: str) -> int:
@@ -30,10 +29,12 @@ def _with_beyond(runs: list[dict]) -> list[dict]:
     return [r for r in runs if "beyond_accuracy" in r]
 
 
-def _source(runs: list[dict]) -> str:
-    """``run`` when every run wrote the block itself, else how many came from a re-score."""
+def _source(runs: list[dict], n_runs: int) -> str:
+    """``run`` when every run wrote the block itself, else how many came from a re-score; ``n_runs``: the cell's
+    runs, so that runs without lists (an old run with no usable re-score) are counted, not silently dropped."""
     n = sum(1 for r in runs if "from" in r["beyond_accuracy"])
-    return "run" if n == 0 else f"re-score ({n} of {len(runs)})"
+    text = "run" if n == 0 else f"re-score ({n} of {len(runs)})"
+    return text if len(runs) == n_runs else f"{text}; {n_runs - len(runs)} of {n_runs} runs without lists"
 
 
 def beyond_table(groups: dict) -> pd.DataFrame:
@@ -42,13 +43,13 @@ def beyond_table(groups: dict) -> pd.DataFrame:
     groups: ``runs.cells``' {(dataset, model, tag, layer): [run, …]}. Returns an empty frame when no run
     has the block."""
     rows = []
-    for key, rs in sorted(groups.items()):
-        rs = _with_beyond(rs)
+    for key, rs_all in sorted(groups.items()):
+        rs = _with_beyond(rs_all)
         if not rs:
             continue
         k = rs[0]["beyond_accuracy"]["k"]
         row = {"dataset": key[0], "model": key[1], "tag": key[2], "layer": key[3], "seeds": len(rs),
-               "lists from": _source(rs)}
+               "lists from": _source(rs, len(rs_all))}
         for name in METRICS:
             row[f"{name}@{k}"] = fmt([r["beyond_accuracy"]["overall"][f"{name}@{k}"] for r in rs], _digits(name))
         rows.append(row)

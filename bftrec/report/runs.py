@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -60,9 +61,10 @@ def _json(path: Path) -> dict:
 
 def load_runs(root) -> list[dict]:
     """Every run below ``root`` (``root`` itself may be one run; a list of folders: the runs below
-    each, a run under two of them counted once): its metrics.json plus the paths of its folder and
-    ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart from other runs of
-    the same cell (a sweep), joined into its tag when it has none.
+    each, a run under two of them counted once; a metrics.json inside another run's folder, such as a
+    re-score in ``<run>/eval_*/`` or any ``--out`` there, is no run of its own): its metrics.json plus the
+    paths of its folder and ranks.csv.gz, its overrides, and ``_variant``: the overrides that tell it apart
+    from other runs of the same cell (a sweep), joined into its tag when it has none.
 
     Raises:
         SystemExit: a folder that does not exist, or no metrics.json under any of them.
@@ -76,9 +78,14 @@ def load_runs(root) -> list[dict]:
         for m in r.rglob("metrics.json"):
             found.setdefault(m.resolve(), m)  # the first spelling of a run reached twice
     runs = []
-    for _, mpath in sorted(found.items()):  # resolved order: the same however the folders are spelled
+    run_dirs = {p.parent for p in found}
+    for resolved, mpath in sorted(found.items()):  # resolved order: the same however the folders are spelled
         if mpath.parent.name.startswith("eval_"):
             continue  # re-scored copies (bftrec-eval) are not extra seeds
+        inside = next((d for d in resolved.parent.parents if d in run_dirs), None)
+        if inside is not None:  # a re-score kept in a run's folder under another name (bftrec-eval --out)
+            log.info("%s: inside the run %s, so not a run of its own (a re-score); left out", mpath.parent, inside)
+            continue
         m = _json(mpath)
         env = mpath.parent / "env.json"
         m["_env"] = _json(env) if env.exists() else {}
@@ -89,6 +96,9 @@ def load_runs(root) -> list[dict]:
         p = m.get("protocol")
         if isinstance(p, dict) and "exclude_scope" not in p:  # older than eval.exclude_scope: it scored as the
             p["exclude_scope"] = EvalConfig.exclude_scope if p.get("exclude_history") else None  # default does
+        if "beyond_accuracy" in m and beyond_problem(m["beyond_accuracy"]):
+            log.warning("%s: its beyond_accuracy block is left out of the tables (%s)", mpath,
+                        beyond_problem(m.pop("beyond_accuracy")))
         if "beyond_accuracy" not in m:
             found_block = rescored_beyond(mpath.parent, m)
             if found_block is not None:
@@ -129,6 +139,27 @@ def _scoring_differs(run: dict, re: dict) -> str | None:
     return None if oa else "no test metrics in the run"
 
 
+BEYOND_METRICS = ("coverage", "tail_share", "popularity", "gini")  # bftrec/beyond.py, per list length k
+
+
+def beyond_problem(block) -> str | None:
+    """Why a ``beyond_accuracy`` block cannot be tabled (None if it can): it needs an integer ``k`` ≥ 1 and, under
+    ``overall``, each of ``BEYOND_METRICS`` at ``@k`` as a finite number."""
+    if not isinstance(block, dict) or not block:
+        return "no block"
+    k = block.get("k")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        return f"k={k!r} is not a list length"
+    overall = block.get("overall")
+    if not isinstance(overall, dict):
+        return "no overall values"
+    for name in BEYOND_METRICS:
+        v = overall.get(f"{name}@{k}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return f"{name}@{k}={v!r} is not a finite number"
+    return None
+
+
 def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
     """The ``beyond_accuracy`` block of a run written before the metric (issue 48 item 2), from the last (by name)
     re-score in its folder (``<run>/eval_*/metrics.json``, ``bftrec-eval <run> --out <run>/eval_beyond``) that
@@ -142,7 +173,7 @@ def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
             continue
         if not isinstance(re, dict) or not isinstance(re.get("beyond_accuracy"), dict) or not re["beyond_accuracy"]:
             continue
-        why = _scoring_differs(run, re)
+        why = beyond_problem(re["beyond_accuracy"]) or _scoring_differs(run, re)
         if why is None:
             return {**re["beyond_accuracy"], "from": path.parent.name}
         log.info("%s: its beyond-accuracy block is not the run's (%s)", path, why)
