@@ -307,6 +307,7 @@ def write_outputs(study, study_dir: Path, space: dict, n: int) -> None:
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    level = optuna.logging.get_verbosity()  # the plots are quiet; the next study's trial lines are not
 
     ax = plot_optimization_history(study)
     ax.figure.savefig(study_dir / "optimization_history.png", dpi=100, bbox_inches="tight")
@@ -319,7 +320,7 @@ def write_outputs(study, study_dir: Path, space: dict, n: int) -> None:
     import matplotlib.pyplot as plt
 
     plt.close("all")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(level)
 
 
 def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:

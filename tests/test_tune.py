@@ -235,3 +235,17 @@ def test_workers_racing_to_create_a_new_database_try_again(tmp_path, monkeypatch
     monkeypatch.setattr(bt.time, "sleep", lambda s: None)
     open_study("x", f"sqlite:///{tmp_path / 's.db'}", load_space("transformer", "standard"), SMOKE, 0, 60)
     assert len(calls) == 2
+
+
+def test_writing_one_study_keeps_optuna_logging_for_the_next(tmp_path):
+    """--layers standard,bft: the second study's trial lines are logged as the first's (the figures used to set
+    Optuna's verbosity to WARNING for good)."""
+    from bftrec.tune import write_outputs
+
+    space = {"trainer.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    study = optuna.create_study(direction="maximize")
+    study.optimize(lambda t: -abs(t.suggest_float("trainer.lr", 1e-4, 1e-2, log=True) - 1e-3), n_trials=3)
+    write_outputs(study, tmp_path, space, 3)
+    assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    assert (tmp_path / "best.yaml").exists() and (tmp_path / "optimization_history.png").exists()
