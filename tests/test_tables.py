@@ -827,3 +827,27 @@ def test_a_rescore_kept_inside_a_run_under_any_name_is_no_run(runs, tmp_path):
     found = rr.load_runs(root)
     assert len(found) == n and all(r["_dir"].name != "rescore" for r in found)
     assert len(rr.load_runs(root / "bft" / "seed1" / "rescore")) == 1  # named as the root, it is read
+
+
+def test_layers_tuned_on_their_own_are_compared_only_when_asked(runs, tmp_path):
+    """The equal-budget comparison (issue 48 item 3): each layer at its own tuned trainer.lr. Without --own-values
+    the tables refuse (the configs differ); with it they compare and name each layer's value; the seeds of one
+    cell must still agree."""
+    root = _copy(runs, tmp_path)
+    for seed in (0, 1):
+        _edit_config(root / "bft" / f"seed{seed}", lambda c: c["trainer"].update(lr=0.0123))
+    mt = _make_tables()
+    with pytest.raises(SystemExit, match="differ at trainer.lr"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t0")])
+    assert mt.main(["--runs", str(root), "--out", str(tmp_path / "t"), "--own-values", "trainer.lr"]) in (0, None)
+    head = (tmp_path / "t" / "protocol.md").read_text()
+    import yaml
+
+    lr = yaml.safe_load((root / "standard" / "seed0" / "config.yaml").read_text())["trainer"]["lr"]
+    assert "each layer at its own values of trainer.lr" in head
+    assert f"bft trainer.lr=0.0123; standard trainer.lr={lr}" in head
+    assert "each layer at its own tuned trainer.lr" in (tmp_path / "t" / "overall.md").read_text()
+    assert len(pd.read_csv(tmp_path / "t" / "comparisons.csv")) > 0
+    _edit_config(root / "bft" / "seed1", lambda c: c["trainer"].update(lr=0.0456))  # seeds of a cell disagree
+    with pytest.raises(SystemExit, match="differ at trainer.lr"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t2"), "--own-values", "trainer.lr"])

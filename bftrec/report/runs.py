@@ -378,9 +378,10 @@ def config_differences(a: dict, b: dict, ignore: tuple = ()) -> list[str]:
     return out
 
 
-def check_comparable(groups: dict) -> None:
+def check_comparable(groups: dict, own_values: tuple = ()) -> None:
     """Refuse to compare runs whose protocol or config differ beyond the seed and tag (and layer.*
-    between a layer and its standard baseline); one line naming both folders and the keys.
+    between a layer and its standard baseline; and the keys of ``own_values``, ``--own-values``, where each layer
+    was tuned on its own: the equal-budget comparison); one line naming both folders and the keys.
 
     Compared are the seeds of a cell and each non-standard cell with its standard baseline (``baseline``),
     first seed against every seed and each seed against the baseline's same seed. Data: the same file and
@@ -391,7 +392,7 @@ def check_comparable(groups: dict) -> None:
     """
     for key, rs in groups.items():
         base = baseline(groups, key) if key[3] != STANDARD else None
-        layer_allowed = ("seed", "tag", "tuned_config", "layer.")
+        layer_allowed = ("seed", "tag", "tuned_config", "layer.", *own_values)
         pairs = [(rs[0], r, ("seed", "tag")) for r in rs[1:]]
         pairs += [(rs[0], r, layer_allowed) for r in base or []]
         pairs += [(r, b, layer_allowed) for r in rs[1:] for b in base or [] if b.get("seed") == r.get("seed")]
@@ -414,9 +415,10 @@ def check_comparable(groups: dict) -> None:
                                  f"at {', '.join(diff[:6])}; rerun one of them or keep them in separate folders")
 
 
-def select_runs(root, grid, allow_partial: bool, prog: str = "bftrec-report") -> tuple:
+def select_runs(root, grid, allow_partial: bool, prog: str = "bftrec-report", own_values: tuple = ()) -> tuple:
     """Runs of ``root`` (a folder or a list of them, as ``load_runs``) ready for tables or figures:
-    (runs, missing cells, ignored run folders).
+    (runs, missing cells, ignored run folders). ``own_values``: config keys at which a layer may differ from its
+    baseline (``check_comparable``).
 
     With ``grid`` (a config path or a list of them), runs outside it are left out (and returned as
     ignored). Raises SystemExit on missing cells unless ``allow_partial``, on duplicate runs and on
@@ -437,8 +439,19 @@ def select_runs(root, grid, allow_partial: bool, prog: str = "bftrec-report") ->
     if missing and not allow_partial:
         raise SystemExit(f"{prog}: {len(missing)} cells missing under {where}: {'; '.join(describe_missing(missing))}. "
                          "Finish them (a grid rerun skips finished cells) or pass --allow-partial")
-    check_comparable(cells(runs))
+    check_comparable(cells(runs), own_values)
     return runs, missing, ignored
+
+
+def own_values_note(runs: list[dict], keys: tuple) -> str:
+    """``each layer at its own values of ...: standard trainer.lr=0.0024, ...; bft ...`` for the header of a
+    comparison whose layers were tuned on their own (``--own-values``); the values of each layer's first run."""
+    per_layer: dict = {}
+    for r in sorted(runs, key=lambda r: (r["layer"], r["seed"])):
+        cfg = run_config(r)
+        per_layer.setdefault(r["layer"], ", ".join(f"{k}={cfg.get(k, absent_value(r, k))}" for k in keys))
+    return (f"each layer at its own values of {', '.join(keys)} (--own-values: tuned per layer, equal budgets; "
+            "seeds within a cell share them): " + "; ".join(f"{layer} {v}" for layer, v in per_layer.items()))
 
 
 def cells(runs: list[dict]) -> dict:
