@@ -214,7 +214,9 @@ def open_study(name: str, storage_url: str, space: dict, base: list[str], seed: 
                 optuna.get_all_study_names(storage) else None
             break
         except Exception as e:  # sqlalchemy and optuna raise many types for a bad URL or an unreadable database
-            if attempt < 4 and type(e).__name__ in ("IntegrityError", "OperationalError"):
+            racing = type(e).__name__ == "IntegrityError" or (  # another worker created the tables first
+                type(e).__name__ == "OperationalError" and any(w in str(e) for w in ("already exists", "locked")))
+            if attempt < 4 and racing:
                 time.sleep(0.5 + attempt)
                 continue
             raise ConfigError(f"--storage {storage_url}: cannot open it ({type(e).__name__}: "

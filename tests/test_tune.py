@@ -249,3 +249,16 @@ def test_writing_one_study_keeps_optuna_logging_for_the_next(tmp_path):
     write_outputs(study, tmp_path, space, 3)
     assert optuna.logging.get_verbosity() == optuna.logging.INFO
     assert (tmp_path / "best.yaml").exists() and (tmp_path / "optimization_history.png").exists()
+
+
+def test_an_unwritable_storage_fails_at_once(tmp_path, capsys, monkeypatch):
+    """Only the schema race is retried: a path that cannot be opened is one line, without the retries' waits."""
+    import bftrec.tune as bt
+
+    waits = []
+    monkeypatch.setattr(bt.time, "sleep", waits.append)
+    with pytest.raises(SystemExit) as e:
+        main(["--storage", f"sqlite:///{tmp_path}/no/such/dir/s.db", "--trials", "1", "--out", str(tmp_path / "o"),
+              "--", *SMOKE])
+    assert e.value.code == 2 and "cannot open it (OperationalError" in capsys.readouterr().err
+    assert waits == []
