@@ -848,6 +848,8 @@ def test_layers_tuned_on_their_own_are_compared_only_when_asked(runs, tmp_path):
     assert f"bft trainer.lr=0.0123; standard trainer.lr={lr}" in head
     assert "each layer at its own tuned trainer.lr" in (tmp_path / "t" / "overall.md").read_text()
     assert len(pd.read_csv(tmp_path / "t" / "comparisons.csv")) > 0
+    with pytest.raises(SystemExit, match="--own-values trainer.lrr: no run's config.yaml has this key"):
+        mt.main(["--runs", str(root), "--out", str(tmp_path / "t1"), "--own-values", "trainer.lr,trainer.lrr"])
     _edit_config(root / "bft" / "seed1", lambda c: c["trainer"].update(lr=0.0456))  # seeds of a cell disagree
     with pytest.raises(SystemExit, match="differ at trainer.lr"):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t2"), "--own-values", "trainer.lr"])

@@ -445,7 +445,15 @@ def select_runs(root, grid, allow_partial: bool, prog: str = "bftrec-report", ow
 
 def own_values_note(runs: list[dict], keys: tuple) -> str:
     """``each layer at its own values of ...: standard trainer.lr=0.0024, ...; bft ...`` for the header of a
-    comparison whose layers were tuned on their own (``--own-values``); the values of each layer's first run."""
+    comparison whose layers were tuned on their own (``--own-values``); the values of each layer's first run.
+
+    Raises:
+        SystemExit: a key no run's config holds (a typo would otherwise allow nothing and say nothing)."""
+    configs = [run_config(r) for r in runs]
+    unknown = [k for k in keys if not any(k in c for c in configs)]
+    if unknown:
+        raise SystemExit(f"bftrec-report: --own-values {', '.join(unknown)}: no run's config.yaml has this key; "
+                         "give dotted keys of config.yaml, e.g. trainer.lr,model.dropout")
     per_layer: dict = {}
     for r in sorted(runs, key=lambda r: (r["layer"], r["seed"])):
         cfg = run_config(r)
