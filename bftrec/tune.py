@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from bftrec.config import CONFIG_DIR, ConfigError
+from bftrec.rundir import override_key
 
 log = logging.getLogger("bftrec.tune")
 TYPES = ("float", "int", "categorical")
@@ -56,7 +57,7 @@ def parse_space(node: dict, where: str) -> dict[str, dict]:
     if node is not None and not isinstance(node, dict):
         raise ConfigError(f"{where}: a mapping of keys to {{type, low, high}} is needed, got {type(node).__name__}")
     for key, spec in (node or {}).items():
-        if str(key).lstrip("+~").split("=")[0] in NOT_SEARCHED:
+        if override_key(str(key)) in NOT_SEARCHED:
             raise ConfigError(f"{where}: {key} is not searched: a study compares layers with --layers and runs one "
                               "dataset, backbone and seed (set them after --); drop it from the space")
         if not isinstance(spec, dict) or spec.get("type") not in TYPES:
@@ -328,8 +329,6 @@ def write_outputs(study, study_dir: Path, space: dict, n: int) -> None:
 def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
     """Run (or resume) one study per layer of ``args.layers``; returns their folders."""
     plans = []
-    from bftrec.rundir import override_key
-
     for layer in args.layers:  # every layer's space is checked before the first trial of any study
         space = load_space(args.space, layer)
         fixed = sorted({override_key(o) for o in base} & set(space))

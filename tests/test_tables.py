@@ -807,11 +807,12 @@ def test_cells_that_no_longer_match_their_grid_are_named(tmp_path):
                 "_overrides": list(overrides), "_dir": d, "_env": {"device": "cpu"}}
 
     assert _flat(nested)["trainer.train_windows"] == "prefixes"
-    assert grid_drift([run(0, "prefixes")], grid) == []
+    assert grid_drift([run(0, "prefixes")], grid) == {}
     lines = grid_drift([run(1, "last"), run(2, "last", ["trainer.train_windows=last"])], [grid])
-    assert lines == ["grid config since changed at trainer.train_windows for 1 runs (beauty: sasrec standard seed 1): "
-                     "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"]
-    assert grid_drift([run(3, "last")], tmp_path / "elsewhere.yaml") == []  # not a grid of configs/experiment
+    assert lines == {"trainer.train_windows": "grid config since changed at trainer.train_windows for 1 runs (beauty: "
+                     "sasrec standard seed 1): they ran with the earlier value; a grid rerun refuses them until they "
+                     "are moved away and rerun"}
+    assert grid_drift([run(3, "last")], tmp_path / "elsewhere.yaml") == {}  # not a grid of configs/experiment
 
 
 def test_a_rescore_kept_inside_a_run_under_any_name_is_no_run(runs, tmp_path):

@@ -25,6 +25,7 @@ import yaml
 from bftrec.config import EvalConfig, upgrade_legacy_layer
 from bftrec.data.datasets import identity_of_stats, other_data
 from bftrec.grid import AXES, VOLATILE, _flat, sweep_axes, training_segments
+from bftrec.rundir import override_key
 
 log = logging.getLogger("bftrec.report")
 METRICS = ("HR@10", "NDCG@10")
@@ -209,7 +210,7 @@ def grid_cells(paths) -> set:
     return out
 
 
-def grid_drift(runs: list[dict], grid) -> list[str]:
+def grid_drift(runs: list[dict], grid) -> dict[str, str]:
     """Where finished cells no longer match their grid: for each run of a cell of ``grid`` (a grid config or a
     list of them), the keys at which its saved config differs from what that grid composes for the cell today
     (``default_config`` with the grid's experiment: a tuned config changed since the cell ran), leaving out the
@@ -217,8 +218,8 @@ def grid_drift(runs: list[dict], grid) -> list[str]:
     the volatile keys of ``bftrec.grid``. A grid rerun refuses such cells ("holds a run of another config").
 
     Returns:
-        one line per key, ``"grid config since changed at <key> for 12 runs (beauty: sasrec bft, standard seeds 0,
-        1, 2; ...): rerun them ..."``; [] when every cell matches, or for a grid outside ``configs/experiment``.
+        {key: its line, ``"grid config since changed at <key> for 12 runs (beauty: sasrec bft, standard seeds 0,
+        1, 2; ...): ..."``}, sorted by key; {} when every cell matches, or for a grid outside ``configs/experiment``.
     """
     by_key: dict = {}
     for path in [grid] if isinstance(grid, (str, Path)) else grid:
@@ -235,13 +236,13 @@ def grid_drift(runs: list[dict], grid) -> list[str]:
             if not now:
                 continue
             cfg = run_config(r)
-            own = {o.lstrip("+~").partition("=")[0] for o in r["_overrides"]}
+            own = {override_key(o) for o in r["_overrides"]}
             for k in sorted((set(cfg) | set(now)) - VOLATILE - own - {"seed", "trainer.amp"}):
                 if (cfg[k] if k in cfg else absent_value(r, k)) != now.get(k, "<absent>"):
                     by_key.setdefault(k, set()).add((r["dataset"], r["model"], r["tag"], r["layer"], r["seed"]))
-    return [f"grid config since changed at {k} for {len(c)} runs ({'; '.join(describe_missing(sorted(c)))}): "
-            "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"
-            for k, c in sorted(by_key.items())]
+    return {k: f"grid config since changed at {k} for {len(c)} runs ({'; '.join(describe_missing(sorted(c)))}): "
+               "they ran with the earlier value; a grid rerun refuses them until they are moved away and rerun"
+            for k, c in sorted(by_key.items())}
 
 
 def missing_cells(runs: list[dict], expected: set | None = None) -> list[tuple]:
@@ -449,14 +450,13 @@ def own_values_note(runs: list[dict], keys: tuple) -> str:
 
     Raises:
         SystemExit: a key no run's config holds (a typo would otherwise allow nothing and say nothing)."""
-    configs = [run_config(r) for r in runs]
-    unknown = [k for k in keys if not any(k in c for c in configs)]
+    configs = sorted(((r, run_config(r)) for r in runs), key=lambda rc: (rc[0]["layer"], rc[0]["seed"]))
+    unknown = [k for k in keys if not any(k in cfg for _, cfg in configs)]
     if unknown:
         raise SystemExit(f"bftrec-report: --own-values {', '.join(unknown)}: no run's config.yaml has this key; "
                          "give dotted keys of config.yaml, e.g. trainer.lr,model.dropout")
     per_layer: dict = {}
-    for r in sorted(runs, key=lambda r: (r["layer"], r["seed"])):
-        cfg = run_config(r)
+    for r, cfg in configs:
         per_layer.setdefault(r["layer"], ", ".join(f"{k}={cfg.get(k, absent_value(r, k))}" for k in keys))
     return (f"each layer at its own values of {', '.join(keys)} (--own-values: tuned per layer, equal budgets; "
             "seeds within a cell share them): " + "; ".join(f"{layer} {v}" for layer, v in per_layer.items()))
