@@ -10,6 +10,7 @@ training count (BFT.md §6; ``bftrec.mechanism``). Numbers come from the metrics
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import pandas as pd
@@ -85,12 +86,29 @@ def token_mechanism_frame(metrics: dict) -> pd.DataFrame | None:
     return pd.DataFrame(out)
 
 
-def _fmt(v) -> str:
+def _decimals(values) -> int:
+    """Decimals for one column: 4, or enough for 3 significant digits of its smallest non-zero |value|
+    (at most 8), so that a column never mixes ``0.0009766`` with ``0.0112``."""
+    small = [abs(v) for v in values if isinstance(v, float) and v == v and v != 0]
+    if not small or min(small) >= 1e-3:
+        return 4
+    return min(8, 2 - math.floor(math.log10(min(small))))
+
+
+def _fmt(v, decimals: int = 4) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "–"
     if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) >= 1e3 or (v != 0 and abs(v) < 1e-3) else f"{v:.4f}"
+        return f"{v:.{decimals}f}"
     return str(v)
+
+
+def _fmt_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Each column in one fixed-point format (``_decimals``); counts as integers; missing as "–"."""
+    def column(col: pd.Series) -> pd.Series:
+        decimals = _decimals(list(col))
+        return col.map(lambda v: _fmt(v, decimals))
+    return df.apply(column)
 
 
 def summary_markdown(metrics: dict, title: Optional[str] = None) -> str:
@@ -99,7 +117,7 @@ def summary_markdown(metrics: dict, title: Optional[str] = None) -> str:
     The title defaults to ``<dataset> / <model> / <layer>, seed <k>, best epoch <e>``.
     Raises KeyError when ``metrics`` lacks ``test`` (not a metrics dict of bftrec-train/-eval).
     """
-    df = summary_frame(metrics).map(_fmt)
+    df = _fmt_frame(summary_frame(metrics))
     if title is None:
         title = (f"{metrics.get('dataset')} / {metrics.get('model')} / {metrics.get('layer')}, "
                  f"seed {metrics.get('seed')}, best epoch {metrics.get('best_epoch')} (test split)")
@@ -110,5 +128,5 @@ def summary_markdown(metrics: dict, title: Optional[str] = None) -> str:
     tok = token_mechanism_frame(metrics)
     if tok is not None:
         text += ("\nBFT mechanism by history token (each token grouped by its own item's training count, "
-                 f"not by the target):\n\n{tok.map(_fmt).to_markdown(index=False, disable_numparse=True)}\n")
+                 f"not by the target):\n\n{_fmt_frame(tok).to_markdown(index=False, disable_numparse=True)}\n")
     return text

@@ -16,6 +16,7 @@ from bftrec.evaluate import rescore
 from bftrec.experiment import run
 from bftrec.grid import cell_lock
 from bftrec.models.sasrec import SASRec
+from bftrec.summary import _fmt_frame
 from tests.test_train_e2e import smoke_cfg
 
 
@@ -56,6 +57,14 @@ def test_bft_run_ends_with_a_strata_and_mechanism_table(tmp_path, caplog):
     assert set(mech["groupings"]) == {"by_item_freq", "at_target"}
     assert f"{m['test']['overall']['HR@10']:.4f}" in rows["overall"]
     assert table.strip() in messages(caplog)  # the same table ends the console output
+
+
+def test_summary_column_keeps_one_number_format():
+    df = _fmt_frame(pd.DataFrame({"HR@10": [0.0009766, 0.0112, None], "users": [12, 3, 4501],
+                                  "K": [0.5, float("nan"), 0.70351]}))
+    # the column with a value under 1e-3 gives every row 3 significant digits of it, in fixed point
+    assert list(df["HR@10"]) == ["0.000977", "0.011200", "–"]
+    assert list(df["users"]) == ["12", "3", "4501"] and list(df["K"]) == ["0.5000", "–", "0.7035"]
 
 
 def test_standard_run_summary_has_no_mechanism_columns(tmp_path):
