@@ -1,5 +1,6 @@
 """bftrec-report tables (bftrec.report.tables) reads only metrics.json and ranks.csv.gz and pairs users across seeds."""
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -720,6 +721,25 @@ def test_an_old_run_takes_beyond_accuracy_from_its_own_rescore(runs, tmp_path):
     own = json.loads((old / "metrics.json").read_text())
     (old / "metrics.json").write_text(json.dumps({**own, "beyond_accuracy": bad["nan"]}))  # the run's own block
     assert rr.load_runs(old)[0]["beyond_accuracy"]["from"] == "eval_beyond"  # left out, the re-score's instead
+
+
+def test_two_rescores_that_disagree_are_named(runs, tmp_path, caplog):
+    """Two qualifying re-scores of one run: the last by name is taken; a warning names both when they differ."""
+    from bftrec.evaluate import rescore
+
+    old = _old_run(runs, tmp_path)
+    rescore(old, [], old / "eval_a")
+    shutil.copytree(old / "eval_a", old / "eval_b")
+    with caplog.at_level(logging.WARNING, logger="bftrec"):
+        assert rr.load_runs(old)[0]["beyond_accuracy"]["from"] == "eval_b"
+    assert "two re-scores" not in caplog.text  # the same block twice: nothing to say
+    m = json.loads((old / "eval_a" / "metrics.json").read_text())
+    m["beyond_accuracy"]["overall"]["coverage@10"] += 0.01
+    (old / "eval_a" / "metrics.json").write_text(json.dumps(m))
+    with caplog.at_level(logging.WARNING, logger="bftrec"):
+        assert rr.load_runs(old)[0]["beyond_accuracy"]["from"] == "eval_b"
+    assert "two re-scores give different beyond-accuracy blocks; the tables take eval_b" in caplog.text
+    assert "not eval_a" in caplog.text
 
 
 def test_beyond_tests_pair_seeds_and_test_over_them_hand_computed():

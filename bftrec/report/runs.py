@@ -165,7 +165,9 @@ def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
     """The ``beyond_accuracy`` block of a run written before the metric (issue 48 item 2), from the last (by name)
     re-score in its folder (``<run>/eval_*/metrics.json``, ``bftrec-eval <run> --out <run>/eval_beyond``) that
     scored as the run did (``_scoring_differs``); the block gains ``from``: that folder's name. None if there is
-    none. A re-score that scored otherwise, or an unreadable one, is passed over with a log line naming why."""
+    none. A re-score that scored otherwise, or an unreadable one, is passed over with a log line naming why; a
+    second qualifying re-score whose block differs from the one taken is named in a warning."""
+    chosen = None
     for path in sorted(run_dir.glob("eval_*/metrics.json"), reverse=True):
         try:
             re = json.loads(path.read_text())
@@ -175,10 +177,14 @@ def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
         if not isinstance(re, dict) or not isinstance(re.get("beyond_accuracy"), dict) or not re["beyond_accuracy"]:
             continue
         why = beyond_problem(re["beyond_accuracy"]) or _scoring_differs(run, re)
-        if why is None:
-            return {**re["beyond_accuracy"], "from": path.parent.name}
-        log.info("%s: its beyond-accuracy block is not the run's (%s)", path, why)
-    return None
+        if why is not None:
+            log.info("%s: its beyond-accuracy block is not the run's (%s)", path, why)
+        elif chosen is None:
+            chosen = {**re["beyond_accuracy"], "from": path.parent.name}
+        elif {**re["beyond_accuracy"], "from": chosen["from"]} != chosen:
+            log.warning("%s: two re-scores give different beyond-accuracy blocks; the tables take %s (last by name), "
+                        "not %s: remove the one that is wrong", run_dir, chosen["from"], path.parent.name)
+    return chosen
 
 
 def _name_variants(runs: list[dict]) -> None:
