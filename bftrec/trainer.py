@@ -426,9 +426,9 @@ def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_di
     # have held an unbroken run)
     stopped = _early_stop(cfg, state, state["epoch"])
     for epoch in range(state["epoch"] + 1, (state["epoch"] if stopped else cfg.epochs) + 1):
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         row = {"epoch": epoch, "loss": _train_epoch(runner, model, opt, tw, gen, cfg, epoch, state, out_dir, device),
-               "train_seconds": time.time() - t0}
+               "train_seconds": time.time() - t0, "train_cpu_seconds": time.process_time() - c0}
         if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
             row.update(_validate(model, data, cfg, eval_cfg, device, max_len, epoch, state, out_dir, extra_state))
             log.info("epoch %d loss %.4f valid %s %.4f (best %.4f @ %d) %.1fs", epoch, row["loss"],
@@ -470,10 +470,11 @@ def _count(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out
         raise ConfigError(f"{type(model).__name__} is counted, not trained: trainer.{', trainer.'.join(flags)} "
                           "would do nothing; drop it")
     state = _new_state(data)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     split = loo_split(data.items, data.offsets, "valid")
     model.fit_statistics(data.items, split.start, split.end)
-    row = {"epoch": 1, "loss": math.nan, "train_seconds": time.time() - t0}
+    row = {"epoch": 1, "loss": math.nan, "train_seconds": time.time() - t0,
+           "train_cpu_seconds": time.process_time() - c0}
     row.update(_validate(model, data, cfg, eval_cfg, device, max_len, 1, state, out_dir, extra_state))
     state["history"].append(row)
     state["epoch"] = 1
@@ -609,12 +610,13 @@ def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer
 def _validate(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, device: torch.device,
               max_len: int, epoch: int, state: dict, out_dir: Path, extra_state: Optional[dict]) -> dict:
     """Full-ranking validation; a better ``select_metric`` updates ``state`` and writes ``checkpoint.pt``.
-    Returns the history columns ``valid_<metric>`` and ``eval_seconds``.
+    Returns the history columns ``valid_<metric>``, ``eval_seconds`` (wall) and ``eval_cpu_seconds`` (CPU time of
+    this process, all its threads: steadier than wall time on a shared machine).
 
     Raises:
         ValueError: a non-finite score, naming the epoch and what is kept.
     """
-    t1 = time.time()
+    t1, c1 = time.time(), time.process_time()
     try:
         table = rank_users(model, data.items, data.offsets, data.timestamps, "valid", data.n_items,
                            max_len, data.train_counts(), eval_cfg, device)
@@ -622,7 +624,7 @@ def _validate(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, 
         raise ValueError(f"validation after epoch {epoch}: {e}; {_last_good(out_dir, state)}") from None
     valid = summarize(table["rank"].to_numpy(), tuple(eval_cfg.ks))
     row = {f"valid_{k}": v for k, v in valid.items() if k != "n_users"}
-    row["eval_seconds"] = time.time() - t1
+    row["eval_seconds"], row["eval_cpu_seconds"] = time.time() - t1, time.process_time() - c1
     score = valid[cfg.select_metric]
     if score > state["best"]:
         state.update(best=score, best_epoch=epoch, best_valid=valid, bad=0)

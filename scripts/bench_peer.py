@@ -42,7 +42,8 @@ ranked by the same code (``bftrec.evaluation.rank_users``) under both history co
 RecBole's scores go through an adapter that maps its item ids to bftrec's.
 
 Reported per dataset, seed and framework: training targets/s, validation users/s (native full
-ranking), seconds to the best validation NDCG@10, and test HR@10 / NDCG@10 under both conventions
+ranking), both also per CPU second of the process (``*_per_cpu_s``: steadier than wall time on a loaded
+machine; with one thread each, the two agree on an idle one), seconds to the best validation NDCG@10, and test HR@10 / NDCG@10 under both conventions
 (``masked``: the user's history items are not candidates, bftrec's default; ``unmasked``: RecBole's
 behaviour for sequential models), each at the epoch with the best validation NDCG@10 **under the same
 convention**. A figure under one convention is never compared with one under the other.
@@ -268,6 +269,7 @@ class Bftrec:
                   torch.device("cpu"), self.hp["max_len"], self.seed)
         row = res.history[-1]
         return {"loss": row["loss"], "train_s": row["train_seconds"], "eval_s": row["eval_seconds"],
+                "train_cpu_s": row["train_cpu_seconds"], "eval_cpu_s": row["eval_cpu_seconds"],
                 "native_valid": {"HR@10": row["valid_HR@10"], "NDCG@10": row["valid_NDCG@10"]}}
 
     def state(self) -> dict:
@@ -330,15 +332,15 @@ class Peer:
     def train_epoch(self) -> dict:
         """One ``Trainer._train_epoch`` + RecBole's own validation (``Trainer.evaluate``), timed here."""
         torch.set_rng_state(self.rng)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = self.trainer._train_epoch(self.train_data, self.epoch, show_progress=False)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         valid = self.validate()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         self.rng = torch.get_rng_state()
         self.epoch += 1
         return {"loss": float(loss) / max(len(self.train_data), 1), "train_s": t1 - t0, "eval_s": t2 - t1,
-                "native_valid": valid}
+                "train_cpu_s": c1 - c0, "eval_cpu_s": c2 - c1, "native_valid": valid}
 
     def validate(self) -> dict:
         """RecBole's native validation (``Trainer.evaluate``: full ranking, history not masked)."""
@@ -462,6 +464,10 @@ def run_pair(rb: SimpleNamespace, dataset: str, seed: int, epochs: int, patience
                    "train_targets_per_s": f.targets_per_epoch * len(rows[k]) / train_s,
                    "valid_users": f.valid_users, "eval_users_per_s": f.valid_users * len(eval_s) / sum(eval_s),
                    "selected": {}, "epochs": rows[k]}
+            if all("train_cpu_s" in r for r in rows[k]):  # CPU seconds of the process: steadier under load
+                res["train_targets_per_cpu_s"] = (f.targets_per_epoch * len(rows[k])
+                                                  / sum(r["train_cpu_s"] for r in rows[k]))
+                res["eval_users_per_cpu_s"] = f.valid_users * len(eval_s) / sum(r["eval_cpu_s"] for r in rows[k])
             for c in CONVENTIONS:
                 score, epoch, weights = best[k][c]
                 f.model.load_state_dict(weights)
@@ -492,14 +498,16 @@ def eval_speed(rb: SimpleNamespace, dataset: str, seed: int, hp: dict, reps: int
         for f in fw.values():
             f.model.eval()
             f.validate()  # warm-up
-        seconds = {k: [] for k in fw}
+        seconds, cpu = {k: [] for k in fw}, {k: [] for k in fw}
         for rep in range(reps):
             for k in list(fw) if rep % 2 == 0 else list(fw)[::-1]:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 fw[k].validate()
                 seconds[k].append(time.perf_counter() - t0)
-        out = {k: {"valid_users": fw[k].valid_users, "seconds": seconds[k],
-                   "users_per_s_median": fw[k].valid_users / float(np.median(seconds[k]))} for k in fw}
+                cpu[k].append(time.process_time() - c0)
+        out = {k: {"valid_users": fw[k].valid_users, "seconds": seconds[k], "cpu_seconds": cpu[k],
+                   "users_per_s_median": fw[k].valid_users / float(np.median(seconds[k])),
+                   "users_per_cpu_s_median": fw[k].valid_users / float(np.median(cpu[k]))} for k in fw}
     ratio = out["bftrec"]["users_per_s_median"] / out["recbole"]["users_per_s_median"]
     return {**out, "bftrec_over_recbole": ratio, "eval_users_per_s_at_least_3x": ratio >= 3,
             "data": data_summary(data)}
@@ -514,6 +522,9 @@ def summarize_runs(runs: list[dict]) -> dict:
         log.warning("the two frameworks trained on different targets: %s", runs[0].get("note"))
     ratio = {m: float(np.mean([r["bftrec"][m] / r["recbole"][m] for r in runs]))
              for m in ("train_targets_per_s", "eval_users_per_s")}
+    for m in ("train_targets_per_cpu_s", "eval_users_per_cpu_s"):  # CPU-time ratios, where every run has them
+        if all(m in r[k] for r in runs for k in ("bftrec", "recbole")):
+            ratio[m] = float(np.mean([r["bftrec"][m] / r["recbole"][m] for r in runs]))
     quality = {}
     for c in CONVENTIONS:
         b, p = (np.array([r[k]["selected"][c]["test"]["NDCG@10"] for r in runs]) for k in ("bftrec", "recbole"))
@@ -554,7 +565,8 @@ def progress(workdir: Path, datasets: list[str], seeds: list[int]) -> dict:
                         for c, (v, e, _) in best_of[k].items()}
                 fw[k] = {"epochs_done": len(rows), "best_so_far": best,
                          "epochs": [{"epoch": r["epoch"], "loss": r["loss"], "train_s": r["train_s"],
-                                     "eval_s": r["eval_s"], "valid": r["valid"]} for r in rows]}
+                                     "eval_s": r["eval_s"], "train_cpu_s": r.get("train_cpu_s"),
+                                     "eval_cpu_s": r.get("eval_cpu_s"), "valid": r["valid"]} for r in rows]}
             runs[f"{name}-seed{seed}"] = {"settings": settings, "last_epoch": last, "frameworks": fw}
     return runs
 

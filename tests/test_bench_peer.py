@@ -130,6 +130,14 @@ def test_ratio_and_quality_summary_over_seeds():
 
     out = bench.summarize_runs([run(0.10, 0.11), run(0.12, 0.13)])
     assert out["bftrec_over_recbole"] == {"train_targets_per_s": 6.0, "eval_users_per_s": 3.0}
+    with_cpu = [run(0.10, 0.11), run(0.12, 0.13)]
+    for r, (b, p) in zip(with_cpu, ((800.0, 100.0), (400.0, 100.0))):  # per-CPU-second ratios 8 and 4: mean 6
+        r["bftrec"].update(train_targets_per_cpu_s=b, eval_users_per_cpu_s=b / 10)
+        r["recbole"].update(train_targets_per_cpu_s=p, eval_users_per_cpu_s=p / 10)
+    ratio = bench.summarize_runs(with_cpu)["bftrec_over_recbole"]
+    assert ratio["train_targets_per_cpu_s"] == ratio["eval_users_per_cpu_s"] == 6.0
+    del with_cpu[1]["recbole"]["eval_users_per_cpu_s"]  # one run without it: no CPU ratio for that column
+    assert "eval_users_per_cpu_s" not in bench.summarize_runs(with_cpu)["bftrec_over_recbole"]
     q = out["quality"]["masked"]
     assert np.isclose(q["difference"], -0.01) and np.isclose(q["seed_noise_2se"], 2 * np.sqrt(2e-4 / 2 + 2e-4 / 2))
     assert q["within_seed_noise"] is True
@@ -162,6 +170,9 @@ def test_eval_speed_times_both_frameworks_interleaved(monkeypatch, data):
     out = bench.eval_speed(None, "synthetic", 0, hp, reps=3, eval_batch_size=64)
     assert calls == ["bftrec", "recbole"] + ["bftrec", "recbole", "recbole", "bftrec", "bftrec", "recbole"]
     assert len(out["bftrec"]["seconds"]) == len(out["recbole"]["seconds"]) == 3
+    assert len(out["bftrec"]["cpu_seconds"]) == 3 and all(c > 0 for c in out["bftrec"]["cpu_seconds"])
+    assert out["bftrec"]["users_per_cpu_s_median"] == pytest.approx(
+        data.n_users / float(np.median(out["bftrec"]["cpu_seconds"])))
     assert out["bftrec"]["valid_users"] == data.n_users and out["recbole"]["valid_users"] == 40
     want = out["bftrec"]["users_per_s_median"] / out["recbole"]["users_per_s_median"]
     assert out["bftrec_over_recbole"] == pytest.approx(want)
@@ -214,6 +225,8 @@ def test_run_pair_resumes_from_its_workdir_as_if_never_stopped(tmp_path, monkeyp
     resumed = bench.run_pair(**args, workdir=tmp_path / "resumed")
     for k in ("bftrec", "recbole"):
         assert [r["epoch"] for r in resumed[k]["epochs"]] == [1, 2, 3, 4]
+        assert resumed[k]["train_targets_per_cpu_s"] > 0 and resumed[k]["eval_users_per_cpu_s"] > 0
+        assert all(r["train_cpu_s"] > 0 and r["eval_cpu_s"] > 0 for r in resumed[k]["epochs"])
         for a, b in zip(whole[k]["epochs"], resumed[k]["epochs"]):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), (k, a["epoch"])
             for c in bench.CONVENTIONS:

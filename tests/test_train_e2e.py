@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
@@ -41,6 +42,9 @@ def test_smoke_run_writes_all_outputs(tmp_path):
     for name in ("ranks.csv.gz", "history.csv", "checkpoint.pt", "env.json", "config.yaml"):
         assert (tmp_path / "run" / name).exists(), name
     assert m["test"]["overall"]["HR@10"] == out["test"]["overall"]["HR@10"]
+    hist = pd.read_csv(tmp_path / "run" / "history.csv")  # wall and CPU seconds of each part of each epoch
+    for col in ("train_seconds", "train_cpu_seconds", "eval_seconds", "eval_cpu_seconds"):
+        assert (hist[col] > 0).all() and np.isfinite(hist[col]).all(), col
 
 
 def test_same_seed_gives_identical_metrics(tmp_path):
