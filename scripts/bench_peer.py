@@ -43,7 +43,8 @@ RecBole's scores go through an adapter that maps its item ids to bftrec's.
 
 Reported per dataset, seed and framework: training targets/s, validation users/s (native full
 ranking), both also per CPU second of the process (``*_per_cpu_s``: steadier than wall time on a loaded
-machine; with one thread each, the two agree on an idle one), seconds to the best validation NDCG@10, and test HR@10 / NDCG@10 under both conventions
+machine; with one thread each, the two agree on an idle one), seconds to the best validation NDCG@10,
+and test HR@10 / NDCG@10 under both conventions
 (``masked``: the user's history items are not candidates, bftrec's default; ``unmasked``: RecBole's
 behaviour for sequential models), each at the epoch with the best validation NDCG@10 **under the same
 convention**. A figure under one convention is never compared with one under the other.
