@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bftrec.experiment import device_name
+from bftrec.experiment import CODE_STATE, device_name
 from bftrec.grid import sweep_axes
 from bftrec.trainer import resolve_device
 
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "live": {"slice": slice_, "extra": args.extra, "runs": lives} if lives else None,
         "finished": finished(args.finished) if args.finished else None,
+        "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

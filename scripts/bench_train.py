@@ -33,8 +33,8 @@ the trainer's opt-in fast paths: ``trainer.last_position_only`` under ``prefixes
 
 Two bounds per variant: ``bound_s``, the FLOPs that variant computes at the measured GEMM rates, and
 ``needed_bound_s``, the FLOPs of the last-position computation (under ``prefixes``: the last block's attention,
-output projection and FFN at the last position alone, its fused QKV projection at every position, as ``fast``
-computes them; the queries of the other positions are the ~1% of FLOPs it still computes and no loss reads).
+query, output projection and FFN at the last position alone, its keys and values at every position, as ``fast``
+computes them).
 The GEMM rates are measured at the epoch's shapes, the head's three GEMMs at the FLOP-weighted median P and the
 encoder's projection GEMMs at the FLOP-weighted median B·L'; a class of FLOPs is charged at its own rate.
 A chunk sweep times the head alone (forward + backward) at that batch's P: it chose ``CE_CHUNK``.
@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bftrec.data.batches import trim_left  # noqa: E402
+from bftrec.experiment import CODE_STATE  # noqa: E402
 from bftrec.models import base  # noqa: E402
 from bftrec.trainer import (  # noqa: E402
     _optimizer,
@@ -139,12 +140,11 @@ def epoch_shapes(data, tc, seed: int, max_len: int):
 
 def flop(B: int, L: int, P: int, mc, n_items: int, last_only: bool = False) -> dict:
     """Forward + backward matmul FLOPs of one SASRec step: encoder and head (3x the forward). ``last_only``:
-    the last block computes its fused QKV projection at all L positions (keys and values need them; the
-    queries come with them) but attention, output projection and FFN at the last one alone
-    (``trainer.last_position_only``)."""
+    the last block projects keys and values at all L positions (attention needs them) but the query,
+    attention, output projection and FFN at the last one alone (``trainer.last_position_only``)."""
     D, F_, T = mc.d_model, mc.d_ff, B * L
     full = T * (2 * D * 3 * D + 2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * L * D  # one block, every position
-    last = T * 2 * D * 3 * D + B * (2 * D * D + 2 * 2 * D * F_) + 2 * 2 * B * L * D  # QKV at all; the rest at 1
+    last = T * 2 * D * 2 * D + B * (2 * D * 2 * D + 2 * 2 * D * F_) + 2 * 2 * B * L * D  # KV at all; Q, out, FFN at 1
     enc = (mc.n_layers - 1) * full + (last if last_only else full)
     return {"encoder": 3 * enc, "head": 3 * 2 * P * n_items * D}
 
@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> None:
                   "flop_weighted_median_batch_P": P_med, "flop_weighted_median_batch_tokens": T_med,
                   "flop_counting": "forward + backward (3x forward) matmul FLOPs of the encoder (QKV, out, FFN, "
                                    "QK^T, AV) and the head (2 P N D forward) over epoch 1's real trimmed batches; "
-                                   "last_position_only: the last block's QKV projection at every position, the "
-                                   "rest at the last"},
+                                   "last_position_only: the last block's key and value projections at every "
+                                   "position, the rest at the last"},
         "flop_check": check,
         "gemm_rate": rate,
         "encoder_gemm_rate": enc_rate,
@@ -396,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval_valid_full_ranking": evaluation,
         "variants": results,
         "seconds": time.time() - started,
+        "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],  # the code measured
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -44,19 +44,20 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.attn_drop = nn.Dropout(attn_dropout)
 
-    def heads(self, x: torch.Tensor, kv: Optional[torch.Tensor] = None
+    def heads(self, x: torch.Tensor, kv: Optional[torch.Tensor] = None, last_only: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> q, k, v each (B, H, T, d); with ``kv`` (B, T, D), keys and values come from it
-        and queries from ``x`` (the original SASRec block), through the same projection weights."""
+        """x (B, T, D) -> q (B, H, Tq, d), k, v each (B, H, T, d): Tq = T, or 1 with ``last_only`` (the last
+        position's query alone is projected). With ``kv`` (B, T, D), keys and values come from it and queries
+        from ``x`` (the original SASRec block), through the same projection weights."""
         B, T, D = x.shape
-        if kv is None:
+        if kv is None and not last_only:
             q, k, v = self.qkv(x).split(D, dim=-1)  # 3 x (B, T, D)
         else:
             w, b = self.qkv.weight, self.qkv.bias  # (3D, D), (3D,): rows q | k | v
-            q = F.linear(x, w[:D], b[:D])  # (B, T, D)
-            k, v = F.linear(kv, w[D:], b[D:]).split(D, dim=-1)  # 2 x (B, T, D)
-        shape = (B, T, self.n_heads, D // self.n_heads)
-        return tuple(t.view(shape).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
+            q = F.linear(x[:, -1:] if last_only else x, w[:D], b[:D])  # (B, Tq, D)
+            k, v = F.linear(x if kv is None else kv, w[D:], b[D:]).split(D, dim=-1)  # 2 x (B, T, D)
+        d = D // self.n_heads
+        return tuple(t.reshape(B, t.shape[1], self.n_heads, d).transpose(1, 2) for t in (q, k, v))  # (B, H, T, d)
 
     def forward(self, x: torch.Tensor, masks: Masks, last_only: bool = False,
                 kv: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -67,10 +68,10 @@ class SelfAttention(nn.Module):
         attention goes through torch's fused ``scaled_dot_product_attention`` (equal to float32
         rounding, tests/test_contract.py), a query with no allowed key giving 0 as ``masked_softmax``.
         """
-        q, k, v = self.heads(x, kv)
+        q, k, v = self.heads(x, kv, last_only)  # q (B, H, 1, d) with last_only
         allowed = masks.attn
         if last_only:
-            q, allowed = q[:, :, -1:], allowed[:, :, -1:]  # (B, H, 1, d), (B, 1, 1, T)
+            allowed = allowed[:, :, -1:]  # (B, 1, 1, T)
         if self.training:
             logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T', T)
             m = self.attn_drop(masked_softmax(logits, allowed)) @ v  # (B, H, T', d)
