@@ -62,6 +62,7 @@ from bftrec.summary import summary_markdown
 from bftrec.trainer import (
     check_trainer_config,
     check_windows_model,
+    clear_interrupt,
     fit,
     is_main,
     load_checkpoint,
@@ -239,6 +240,7 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
                     log.info("run directory %s (composed config in config.yaml)", out_dir)
                 metrics = train_and_test(g, out_dir, device, resolved, started, on_validate)
     except KeyboardInterrupt as e:  # issue 50: one line with the resume command, not a traceback
+        clear_interrupt()
         mark_failed(out_dir, e)
         raise Interrupted(resume_hint(out_dir)) from None
     except BaseException as e:

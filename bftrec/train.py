@@ -26,9 +26,7 @@ from bftrec.config import (
 from bftrec.experiment import CODE_STATE, SEED_MAX, device_name, run
 from bftrec.grid import append_ledger
 from bftrec.rundir import RESUME_FIXED, Interrupted, fault_line, one_line, override_key
-from bftrec.trainer import (
-    resolve_device,
-)
+from bftrec.trainer import install_sigint_handler, resolve_device
 
 log = logging.getLogger("bftrec")
 
@@ -39,6 +37,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     logging.getLogger().setLevel(cfg.get("log_level", "INFO"))
+    install_sigint_handler()  # a Ctrl-C that Python swallows still ends the run at its next step
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     if hc.mode != RunMode.MULTIRUN:

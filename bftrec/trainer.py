@@ -378,6 +378,39 @@ def _optimizer(model: nn.Module, cfg: TrainerConfig) -> torch.optim.Optimizer:
                betas=tuple(cfg.betas), **fused)
 
 
+# A Ctrl-C that Python swallowed (raised while an object's __del__ or a garbage-collection callback ran, where
+# exceptions are only printed) would let a run go on to its last epoch; bftrec-train's handler also records it
+# here, and the training loop raises it again at its next step.
+_INTERRUPT = {"pending": False}
+
+
+def on_sigint(signum, frame) -> None:
+    """SIGINT handler of ``bftrec-train`` (``install_sigint_handler``): records the interrupt, then raises
+    ``KeyboardInterrupt`` as Python's default handler does. Raises: KeyboardInterrupt, always."""
+    _INTERRUPT["pending"] = True
+    raise KeyboardInterrupt
+
+
+def install_sigint_handler() -> None:
+    """Make ``on_sigint`` the SIGINT handler, in the main thread only (``signal`` allows no other)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_sigint)
+
+
+def clear_interrupt() -> None:
+    """Forget a recorded interrupt (it has been handled: the run ended with its resume line)."""
+    _INTERRUPT["pending"] = False
+
+
+def _raise_if_interrupted() -> None:
+    if _INTERRUPT["pending"]:
+        clear_interrupt()
+        raise KeyboardInterrupt
+
+
 def fit(model: nn.Module, data, cfg: TrainerConfig, eval_cfg: EvalConfig, out_dir: Path,
         device: torch.device, max_len: int, seed: int, extra_state: Optional[dict] = None,
         on_validate: Optional[Callable[[int, float], None]] = None) -> FitResult:
@@ -577,6 +610,7 @@ def _train_epoch(runner: nn.Module, model: nn.Module, opt: torch.optim.Optimizer
     bar = tqdm(batches[:cfg.max_steps_per_epoch or None], desc=f"epoch {epoch}", leave=False,
                disable=None if cfg.progress and is_main() else True)
     for step, idx in enumerate(bar):
+        _raise_if_interrupted()  # a Ctrl-C swallowed since the last step (``on_sigint``)
         batch = step_batch(tw, idx, cfg)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             loss = runner(batch)

@@ -370,6 +370,32 @@ def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
     assert f"trainer.resume={run_dir}" in (run_dir / "FAILED").read_text()
 
 
+def test_a_swallowed_ctrl_c_still_ends_the_run_at_the_next_step(tmp_path, monkeypatch):
+    """A SIGINT that Python swallowed (raised inside a __del__ during garbage collection) is recorded by
+    bftrec-train's handler; the next training step raises it again: the run ends after epoch 1 with the resume
+    line, instead of going on to its last epoch."""
+    from bftrec import trainer
+    from bftrec.rundir import Interrupted
+
+    real_save = trainer._save_progress
+
+    def save_then_swallow(*a, **k):
+        real_save(*a, **k)
+        try:
+            trainer.on_sigint(2, None)  # as the handler runs inside a __del__: its exception goes nowhere
+        except KeyboardInterrupt:
+            pass
+
+    monkeypatch.setattr(trainer, "_save_progress", save_then_swallow)
+    with pytest.raises(Interrupted, match="continue it with: bftrec-train trainer.resume="):
+        run(smoke_cfg(tmp_path, "trainer.epochs=3", "trainer.min_epochs=3"), tmp_path / "run")
+    assert pd.read_csv(tmp_path / "run" / "history.csv")["epoch"].tolist() == [1]
+    assert "trainer.resume=" in (tmp_path / "run" / "FAILED").read_text()
+    assert not trainer._INTERRUPT["pending"]  # handled: a later run in this process is not interrupted
+    monkeypatch.setattr(trainer, "_save_progress", real_save)
+    assert run(smoke_cfg(tmp_path, "trainer.epochs=2"), tmp_path / "again")["epochs_run"] == 2
+
+
 # --- issue 50 item 2: faults are named in one line, FAILED holds it, the last good checkpoint survives --------
 
 def test_a_full_disk_is_named_and_the_last_good_checkpoint_survives(tmp_path, monkeypatch):
