@@ -111,8 +111,9 @@ def commit_message(record: dict, metrics: dict, prefix: str = "paper_main") -> s
     """
     try:
         cell = " ".join(record["cell"].split("/"))
+        seconds = f"{round(record['wall_s']):,} s" + (" in its last segment" if record["status"] == "resumed" else "")
         return (f"{prefix}: {cell} (test HR@10 {metrics['test']['overall']['HR@10']:.4f}, "
-                f"best epoch {metrics['best_epoch']} of {metrics['epochs_run']}; {round(record['wall_s']):,} s, "
+                f"best epoch {metrics['best_epoch']} of {metrics['epochs_run']}; {seconds}, "
                 f"status {record['status']}, at {str(record.get('git_sha', '?'))[:7]})")
     except (KeyError, TypeError, ValueError) as e:
         raise SystemExit(f"collect_cells: cell {record.get('cell')!r}: its ledger line or metrics.json lacks "

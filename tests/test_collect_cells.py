@@ -75,6 +75,9 @@ def test_commit_message_names_the_figures():
                             {"test": {"overall": {"HR@10": 0.03456}}, "best_epoch": 30, "epochs_run": 50})
     assert msg == ("paper_main: sports bert4rec bft_h seed2 (test HR@10 0.0346, best epoch 30 of 50; "
                    "3,175 s, status ran, at 5de5180)")
+    resumed = cc.commit_message({"cell": "beauty/sasrec/bft/seed1", "status": "resumed", "wall_s": 293.4},
+                                {"test": {"overall": {"HR@10": 0.095}}, "best_epoch": 33, "epochs_run": 43})
+    assert "; 293 s in its last segment, status resumed, at ?)" in resumed  # not the run's whole time
     assert cc.commit_message({"cell": "ml-100k/sasrec/bft/rate0.1/seed2", "status": "ran", "wall_s": 9.0},
                              {"test": {"overall": {"HR@10": 0.5}}, "best_epoch": 3, "epochs_run": 5}).startswith(
         "paper_main: ml-100k sasrec bft rate0.1 seed2 (test HR@10 0.5000")
