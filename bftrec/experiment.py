@@ -240,7 +240,6 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
                     log.info("run directory %s (composed config in config.yaml)", out_dir)
                 metrics = train_and_test(g, out_dir, device, resolved, started, on_validate)
     except KeyboardInterrupt as e:  # issue 50: one line with the resume command, not a traceback
-        clear_interrupt()
         mark_failed(out_dir, e)
         raise Interrupted(resume_hint(out_dir)) from None
     except BaseException as e:
@@ -250,6 +249,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             raise ConfigError(fault) from None
         mark_failed(out_dir, e)
         raise
+    finally:  # a Ctrl-C recorded where no training step followed (test scoring) ends with its run, not the next
+        clear_interrupt()
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     return metrics

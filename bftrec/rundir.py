@@ -83,8 +83,10 @@ def fault_line(e: BaseException) -> Optional[str]:
     return None
 
 
-class Interrupted(Exception):
-    """Ctrl-C during a run: its message is the one line the console prints (``resume_hint``)."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: its message is the one line the console prints (``resume_hint``). A
+    ``KeyboardInterrupt``, so that nothing catching ``Exception`` (Hydra's job runner, which would go on to the
+    next cell of a sweep; Optuna) takes it for a failed run."""
 
 
 def resume_hint(out_dir: Path) -> str:

@@ -86,20 +86,23 @@ def token_mechanism_frame(metrics: dict) -> pd.DataFrame | None:
     return pd.DataFrame(out)
 
 
-def _decimals(values) -> int:
-    """Decimals for one column: 4, or enough for 3 significant digits of its smallest non-zero |value|
-    (at most 8), so that a column never mixes ``0.0009766`` with ``0.0112``."""
-    small = [abs(v) for v in values if isinstance(v, float) and v == v and v != 0]
+def _decimals(values) -> int | None:
+    """Decimals for one column: 4, or enough for 3 significant digits of its smallest non-zero |value|; None
+    (scientific notation, 3 significant digits) where that value is below 1e-6, as a collapsed precision can
+    be. So a column never mixes ``0.0009766`` with ``0.0112``, nor shows a tiny value as zero."""
+    small = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v) and v != 0]
     if not small or min(small) >= 1e-3:
         return 4
-    return min(8, 2 - math.floor(math.log10(min(small))))
+    if min(small) < 1e-6:
+        return None
+    return 2 - math.floor(math.log10(min(small)))
 
 
-def _fmt(v, decimals: int = 4) -> str:
+def _fmt(v, decimals: int | None = 4) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "–"
     if isinstance(v, float):
-        return f"{v:.{decimals}f}"
+        return f"{v:.2e}" if decimals is None else f"{v:.{decimals}f}"
     return str(v)
 
 

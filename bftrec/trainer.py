@@ -391,13 +391,15 @@ def on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def install_sigint_handler() -> None:
-    """Make ``on_sigint`` the SIGINT handler, in the main thread only (``signal`` allows no other)."""
+def install_sigint_handler():
+    """Make ``on_sigint`` the SIGINT handler, in the main thread only (``signal`` allows no other). Returns the
+    handler it replaced (for ``signal.signal`` to put back), or None where it installed nothing."""
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_sigint)
+        return signal.signal(signal.SIGINT, on_sigint)
+    return None
 
 
 def clear_interrupt() -> None:

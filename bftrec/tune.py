@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -410,6 +411,9 @@ def main(argv: list[str] | None = None) -> None:
         import optuna  # noqa: F401
     except ImportError:
         ap.error("bftrec-tune needs optuna: pip install optuna (or pip install -e .)")
+    from bftrec.trainer import install_sigint_handler
+
+    previous = install_sigint_handler()  # a Ctrl-C that Python swallows still ends the trial at its next step
     try:
         if not args.study:
             cfg = compose(base)
@@ -419,8 +423,14 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"bftrec-tune: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # also a trial's Interrupted: Optuna records that trial as failed and re-raises
+        print("bftrec-tune: interrupted; the studies keep their finished trials: rerun the same command to go on "
+              "(the trial in flight starts over)", file=sys.stderr)
+        sys.exit(130)
     finally:
         quiet.setLevel(level)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         "date": datetime.now().isoformat(timespec="seconds"), "grid": name, "grid_cells": cells,
         "device": device_name(resolve_device("auto")),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
-        "live": {"slice": slice_, "extra": args.extra, "runs": lives} if lives else None,
-        "finished": finished(args.finished) if args.finished else None,
-        "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],
+        "live": {"slice": slice_, "extra": args.extra, "runs": lives,  # the code the live runs timed
+                 "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"]} if lives else None,
+        "finished": finished(args.finished) if args.finished else None,  # each ledger line names its own commit
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

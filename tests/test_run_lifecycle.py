@@ -39,6 +39,12 @@ def _md_rows(text: str) -> dict:
     return {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| ")}
 
 
+def _cell(rows: dict, row: str, column: str) -> float:
+    """The number in a Markdown table row under ``column`` (of the header row ``rows``' first key)."""
+    header = [c.strip() for c in next(iter(rows.values())).split("|")]
+    return float(rows[row].split("|")[header.index(column)])
+
+
 def test_bft_run_ends_with_a_strata_and_mechanism_table(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="bftrec"):
         m = run(smoke_cfg(tmp_path, "layer=bft"), tmp_path / "run")
@@ -49,13 +55,14 @@ def test_bft_run_ends_with_a_strata_and_mechanism_table(tmp_path, caplog):
     # a target-stratum row carries the mechanism at the target only, never the by-token K (issue 46 item 4)
     assert "K at target" in rows["stratum"] and "λ⁰ at target" in rows["stratum"]
     q0, at, mech = m["test"]["by_item_freq"][0], m["mechanism"]["at_target"], m["mechanism"]
-    assert f"{q0['lo']}–{q0['hi']}" in rows["Q0"] and f"{at['by_target_freq'][0]['K']:.4f}" in rows["Q0"]
+    assert f"{q0['lo']}–{q0['hi']}" in rows["Q0"]
+    assert _cell(rows, "Q0", "K at target") == pytest.approx(at["by_target_freq"][0]["K"], abs=5e-5)
     assert at["by_target_freq"][0]["n_users"] == q0["n_users"]
     assert at["overall"]["n_users"] == m["test"]["overall"]["n_users"]
-    assert f"{mech['by_item_freq'][0]['K']:.4f}" in tok["Q0"] and "K" in tok["history tokens"]
+    assert _cell(tok, "Q0", "K") == pytest.approx(mech["by_item_freq"][0]["K"], abs=5e-5)
     assert f"{mech['by_item_freq'][0]['K']:.4f}" != f"{at['by_target_freq'][0]['K']:.4f}"  # two groupings
     assert set(mech["groupings"]) == {"by_item_freq", "at_target"}
-    assert f"{m['test']['overall']['HR@10']:.4f}" in rows["overall"]
+    assert _cell(rows, "overall", "HR@10") == pytest.approx(m["test"]["overall"]["HR@10"], abs=5e-5)
     assert table.strip() in messages(caplog)  # the same table ends the console output
 
 
@@ -65,6 +72,8 @@ def test_summary_column_keeps_one_number_format():
     # the column with a value under 1e-3 gives every row 3 significant digits of it, in fixed point
     assert list(df["HR@10"]) == ["0.000977", "0.011200", "–"]
     assert list(df["users"]) == ["12", "3", "4501"] and list(df["K"]) == ["0.5000", "–", "0.7035"]
+    tiny = _fmt_frame(pd.DataFrame({"λ⁰": [1e-8, 0.83, float("inf")]}))["λ⁰"]  # a collapsed precision
+    assert list(tiny) == ["1.00e-08", "8.30e-01", "inf"]
 
 
 def test_standard_run_summary_has_no_mechanism_columns(tmp_path):
@@ -370,6 +379,32 @@ def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
     assert f"trainer.resume={run_dir}" in (run_dir / "FAILED").read_text()
 
 
+def test_ctrl_c_in_a_sweep_stops_the_sweep_and_the_ledger_says_interrupted(tmp_path):
+    """-m: a Ctrl-C in the first cell ends the sweep there (the second cell never starts), with the resume line,
+    exit status 130, and the ledger line ``interrupted``, not ``failed``."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "bftrec.train", "-m", "debug=smoke", "seed=0,1", "trainer.epochs=400",
+            "trainer.min_epochs=400", f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob("**/seed0*/last.pt")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    run_dir = next(tmp_path.glob("**/seed0*/last.pt")).parent
+    assert p.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == f"bftrec-train: interrupted; continue it with: bftrec-train " \
+                                           f"trainer.resume={run_dir}", err[-2000:]
+    (ledger,) = tmp_path.glob("**/ledger.jsonl")
+    lines = [json.loads(ln) for ln in ledger.read_text().splitlines()]
+    assert [(ln["cell"].split("/")[-1], ln["status"]) for ln in lines] == [("seed0_job0", "interrupted")]
+    assert not list(tmp_path.glob("**/seed1*/*.pt"))
+
+
 def test_a_swallowed_ctrl_c_still_ends_the_run_at_the_next_step(tmp_path, monkeypatch):
     """A SIGINT that Python swallowed (raised inside a __del__ during garbage collection) is recorded by
     bftrec-train's handler; the next training step raises it again: the run ends after epoch 1 with the resume
@@ -392,6 +427,10 @@ def test_a_swallowed_ctrl_c_still_ends_the_run_at_the_next_step(tmp_path, monkey
     assert pd.read_csv(tmp_path / "run" / "history.csv")["epoch"].tolist() == [1]
     assert "trainer.resume=" in (tmp_path / "run" / "FAILED").read_text()
     assert not trainer._INTERRUPT["pending"]  # handled: a later run in this process is not interrupted
+    # swallowed after the last epoch's save, where no step follows: the run ends as it would have, and the
+    # recorded interrupt ends with it instead of stopping the next run in this process (a sweep's next cell)
+    assert run(smoke_cfg(tmp_path, "trainer.epochs=1"), tmp_path / "last")["epochs_run"] == 1
+    assert not trainer._INTERRUPT["pending"]
     monkeypatch.setattr(trainer, "_save_progress", real_save)
     assert run(smoke_cfg(tmp_path, "trainer.epochs=2"), tmp_path / "again")["epochs_run"] == 2
 

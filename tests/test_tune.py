@@ -262,3 +262,34 @@ def test_an_unwritable_storage_fails_at_once(tmp_path, capsys, monkeypatch):
               "--", *SMOKE])
     assert e.value.code == 2 and "cannot open it (OperationalError" in capsys.readouterr().err
     assert waits == []
+
+
+def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C during trial 1 (after its first epoch was saved): one line, exit status 130, the SIGINT handler
+    put back; the finished trial is kept, and the same command runs the rest."""
+    from bftrec import trainer
+
+    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
+    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "c", "--trials", "3", "--", *SMOKE]
+    real_save, saves = trainer._save_progress, []
+
+    def save(*a, **k):
+        real_save(*a, **k)
+        saves.append(1)
+        if len(saves) == 3:  # trial 0 saved epochs 1 and 2; trial 1 its epoch 1
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "_save_progress", save)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 130 and "bftrec-tune: interrupted; the studies keep their finished trials: rerun the " \
+        "same command" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before
+    storage = f"sqlite:///{tmp_path / 'o' / 'studies.db'}"
+    states = [t.state.name for t in optuna.load_study(study_name="c_standard", storage=storage).trials]
+    assert states == ["COMPLETE", "FAIL"]
+    monkeypatch.setattr(trainer, "_save_progress", real_save)
+    main(args)
+    states = [t.state.name for t in optuna.load_study(study_name="c_standard", storage=storage).trials]
+    assert states.count("COMPLETE") == 3

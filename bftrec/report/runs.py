@@ -182,8 +182,9 @@ def rescored_beyond(run_dir: Path, run: dict) -> dict | None:
         elif chosen is None:
             chosen = {**re["beyond_accuracy"], "from": path.parent.name}
         elif {**re["beyond_accuracy"], "from": chosen["from"]} != chosen:
-            log.warning("%s: two re-scores give different beyond-accuracy blocks; the tables take %s (last by name), "
-                        "not %s: remove the one that is wrong", run_dir, chosen["from"], path.parent.name)
+            log.warning("%s: two re-scores give different beyond-accuracy blocks (ties in a top-10 list can break "
+                        "otherwise on another device); the tables take %s, last by name, not %s: rename the one to "
+                        "use so that it sorts last", run_dir, chosen["from"], path.parent.name)
     return chosen
 
 
