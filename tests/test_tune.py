@@ -270,7 +270,7 @@ def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path
     from bftrec import trainer
 
     space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
-    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "c", "--trials", "3", "--", *SMOKE]
+    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "c", "--trials", "2", "--", *SMOKE]
     real_save, saves = trainer._save_progress, []
 
     def save(*a, **k):
@@ -292,4 +292,4 @@ def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path
     monkeypatch.setattr(trainer, "_save_progress", real_save)
     main(args)
     states = [t.state.name for t in optuna.load_study(study_name="c_standard", storage=storage).trials]
-    assert states.count("COMPLETE") == 3
+    assert states.count("COMPLETE") == 2
