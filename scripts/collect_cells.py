@@ -11,7 +11,8 @@ ledger (same cell and ``written``) and its folder holds ``metrics.json``. Checkp
 lock files are left behind.
 
 Usage:
-    python scripts/collect_cells.py --src /scratch/pm/runs --dst results/paper_main/runs [--commit]
+    python scripts/collect_cells.py --src /scratch/pm/runs --dst results/paper_main/runs [--commit] \
+        [--only 'beauty/sasrec/*' ...]
 
 ``--commit`` makes one git commit per cell in the repository holding ``--dst``, of that cell's files and
 the ledger only (whatever else is staged stays staged), its message, prefixed with the name of
@@ -34,6 +35,7 @@ import logging
 import shutil
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 log = logging.getLogger("collect_cells")
@@ -77,9 +79,10 @@ def _read_metrics(path: Path) -> dict:
                          "collect it by hand") from None
 
 
-def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
+def pending(src: Path, dst: Path, only: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
     """For each cell whose last finished line in ``src``'s ledger is not yet in ``dst``'s ledger, that
-    line (the folder holds the run it describes), in ledger order."""
+    line (the folder holds the run it describes), in ledger order. ``only``: shell patterns on the cell path
+    (``beauty/sasrec/*``); with any, a cell matching none is left where it is."""
     src_ledger = src / "ledger.jsonl"
     if not src_ledger.exists():
         raise SystemExit(f"collect_cells: no ledger at {src_ledger}; --src must be a grid's runs folder "
@@ -94,7 +97,7 @@ def pending(src: Path, dst: Path) -> list[tuple[str, dict]]:
             last[r["cell"]] = (line, r)
     todo = []
     for line, r in last.values():
-        if (r["cell"], r.get("written")) in have:
+        if (r["cell"], r.get("written")) in have or (only and not any(fnmatch(r["cell"], o) for o in only)):
             continue
         if (src / r["cell"] / "metrics.json").exists():
             todo.append((line, r))
@@ -130,13 +133,14 @@ def _git(repo: Path, *args: str) -> str:
     return r.stdout.strip()
 
 
-def collect(src: Path, dst: Path, replace: bool = False, commit: bool = False) -> list[str]:
+def collect(src: Path, dst: Path, replace: bool = False, commit: bool = False,
+            only: tuple[str, ...] = ()) -> list[str]:
     """Copy each pending cell of ``src`` into ``dst`` and append its ledger line; returns the cells.
 
     Everything that can fail is checked before a cell's files are touched; a failed commit takes the
     cell's ledger line back out, so a rerun collects it again.
     """
-    todo = pending(src, dst)
+    todo = pending(src, dst, only)
     dst.mkdir(parents=True, exist_ok=True)
     repo = Path(_git(dst, "rev-parse", "--show-toplevel")) if commit and todo else None
     prefix = dst.resolve().parent.name or "runs"
@@ -180,9 +184,12 @@ def main(argv=None) -> int:
     p.add_argument("--dst", type=Path, required=True, help="the committed runs folder, e.g. results/paper_main/runs")
     p.add_argument("--replace", action="store_true", help="overwrite a destination cell with different metrics")
     p.add_argument("--commit", action="store_true", help="one git commit per collected cell")
+    p.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                   help="collect only cells whose path matches this shell pattern, e.g. 'beauty/sasrec/*' "
+                        "(repeatable)")
     a = p.parse_args(argv)
     try:
-        collect(a.src, a.dst, a.replace, a.commit)
+        collect(a.src, a.dst, a.replace, a.commit, tuple(a.only))
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2

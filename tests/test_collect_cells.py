@@ -44,6 +44,21 @@ def test_collects_finished_cells_once_without_checkpoints(tmp_path):
     assert len((dst / "ledger.jsonl").read_text().splitlines()) == 3
 
 
+def test_only_collects_the_matching_cells_and_leaves_the_rest_pending(tmp_path):
+    src, dst = tmp_path / "pm" / "runs", tmp_path / "results" / "runs"
+    src.mkdir(parents=True)
+    _cell(src, "beauty/sasrec/bft/seed0", "ran", "2026-12-04T01:00:00")
+    _cell(src, "beauty/gru4rec/standard/seed0", "ran", "2026-12-04T01:05:00")
+    _cell(src, "toys/sasrec/standard/seed1", "ran", "2026-12-04T01:10:00")
+    assert cc.collect(src, dst, only=("beauty/sasrec/*", "toys/sasrec/*")) == [
+        "beauty/sasrec/bft/seed0", "toys/sasrec/standard/seed1"]
+    assert not (dst / "beauty/gru4rec").exists()
+    assert cc.collect(src, dst) == ["beauty/gru4rec/standard/seed0"]  # still pending, collected later
+    cc.main(["--src", str(src), "--dst", str(tmp_path / "d2"), "--only", "*/gru4rec/*"])
+    assert [json.loads(x)["cell"] for x in (tmp_path / "d2" / "ledger.jsonl").read_text().splitlines()] == [
+        "beauty/gru4rec/standard/seed0"]
+
+
 def test_never_overwrites_different_results(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.mkdir()
