@@ -356,25 +356,31 @@ def test_run_written_before_an_eval_key_rescores_with_it(tmp_path, finished_run)
     assert "exclude_scope: window" in (tmp_path / "window" / "config.yaml").read_text()
 
 
-def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
-    """issue 50 item 3: SIGINT after an epoch was saved: one line with the exact resume command, FAILED says the
-    same, exit status 130 (an interrupt), no traceback."""
+def _interrupt_after_first_save(tmp_path, overrides: list, last_pt: str) -> tuple:
+    """Start ``bftrec-train`` with ``overrides``, send SIGINT once ``last_pt`` (a glob under ``tmp_path``) exists;
+    returns (exit status, stderr, the run directory holding that ``last.pt``)."""
     import signal
     import subprocess
     import sys
     import time
 
-    args = [sys.executable, "-m", "bftrec.train", "debug=smoke", "trainer.epochs=400", "trainer.min_epochs=400",
-            f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"]
+    args = [sys.executable, "-m", "bftrec.train", *overrides, f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("synthetic/*/*/*/last.pt")):
+    while time.time() < deadline and not list(tmp_path.glob(last_pt)):
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
-    run_dir = next(tmp_path.glob("synthetic/*/*/*/last.pt")).parent
+    return p.returncode, err, next(tmp_path.glob(last_pt)).parent
+
+
+def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
+    """issue 50 item 3: SIGINT after an epoch was saved: one line with the exact resume command, FAILED says the
+    same, exit status 130 (an interrupt), no traceback."""
+    code, err, run_dir = _interrupt_after_first_save(
+        tmp_path, ["debug=smoke", "trainer.epochs=400", "trainer.min_epochs=400"], "synthetic/*/*/*/last.pt")
     line = f"bftrec-train: interrupted; continue it with: bftrec-train trainer.resume={run_dir}"
-    assert p.returncode == 130 and err.strip().splitlines()[-1] == line, err[-2000:]
+    assert code == 130 and err.strip().splitlines()[-1] == line, err[-2000:]
     assert "Traceback" not in err and "Error executing job" not in err
     assert f"trainer.resume={run_dir}" in (run_dir / "FAILED").read_text()
 
@@ -382,21 +388,10 @@ def test_ctrl_c_ends_in_one_line_with_the_resume_command(tmp_path):
 def test_ctrl_c_in_a_sweep_stops_the_sweep_and_the_ledger_says_interrupted(tmp_path):
     """-m: a Ctrl-C in the first cell ends the sweep there (the second cell never starts), with the resume line,
     exit status 130, and the ledger line ``interrupted``, not ``failed``."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    args = [sys.executable, "-m", "bftrec.train", "-m", "debug=smoke", "seed=0,1", "trainer.epochs=400",
-            "trainer.min_epochs=400", f"out_root={tmp_path}", f"cache_dir={tmp_path / 'cache'}"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob("**/seed0*/last.pt")):
-        time.sleep(0.2)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    run_dir = next(tmp_path.glob("**/seed0*/last.pt")).parent
-    assert p.returncode == 130, err[-2000:]
+    code, err, run_dir = _interrupt_after_first_save(
+        tmp_path, ["-m", "debug=smoke", "seed=0,1", "trainer.epochs=400", "trainer.min_epochs=400"],
+        "**/seed0*/last.pt")
+    assert code == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == f"bftrec-train: interrupted; continue it with: bftrec-train " \
                                            f"trainer.resume={run_dir}", err[-2000:]
     (ledger,) = tmp_path.glob("**/ledger.jsonl")
