@@ -24,7 +24,7 @@ non-record ledger line; a cell that is not a relative ``dataset/model/layer/seed
 ``dataset/model/layer/<variant>/seedK``, as the SNR sweep's ``rate0.1``); a ledger line or
 ``metrics.json`` missing a field; a failed git command (the cell's ledger line is taken back); a destination
 cell that already holds a different ``metrics.json`` (never overwritten: move it away, or pass
-``--replace`` to overwrite it on purpose).
+``--replace`` to overwrite it on purpose); an ``--only`` pattern that matches no finished cell of the source.
 """
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ def pending(src: Path, dst: Path, only: tuple[str, ...] = ()) -> list[tuple[str,
             _check_cell(r["cell"], src_ledger)
             last.pop(r["cell"], None)
             last[r["cell"]] = (line, r)
+    for o in only:  # a pattern that matches no finished cell is a typo (``beauty/sasrec``), not "nothing new"
+        if not any(fnmatch(cell, o) for cell in last):
+            raise SystemExit(f"collect_cells: --only {o!r} matches no finished cell in {src_ledger}; a pattern "
+                             "matches the whole cell path, e.g. 'beauty/sasrec/*' for beauty/sasrec/bft/seed0")
     todo = []
     for line, r in last.values():
         if (r["cell"], r.get("written")) in have or (only and not any(fnmatch(r["cell"], o) for o in only)):

@@ -57,6 +57,10 @@ def test_only_collects_the_matching_cells_and_leaves_the_rest_pending(tmp_path):
     cc.main(["--src", str(src), "--dst", str(tmp_path / "d2"), "--only", "*/gru4rec/*"])
     assert [json.loads(x)["cell"] for x in (tmp_path / "d2" / "ledger.jsonl").read_text().splitlines()] == [
         "beauty/gru4rec/standard/seed0"]
+    with pytest.raises(SystemExit, match=r"--only 'beauty/sasrec' matches no finished cell in .*ledger.jsonl; a "
+                                         r"pattern matches the whole cell path, e.g. 'beauty/sasrec/\*'"):
+        cc.collect(src, tmp_path / "d3", only=("beauty/sasrec",))  # a typo, not "nothing new"
+    assert not (tmp_path / "d3").exists()
 
 
 def test_never_overwrites_different_results(tmp_path):
