@@ -141,6 +141,11 @@ CODE_STATE = {"git_sha": git("rev-parse", "HEAD"),
                                     ":(top,exclude)results"))}
 
 
+def code_stamp() -> dict:
+    """``git_sha`` (10 hex digits, "" outside git) and ``git_dirty`` of ``CODE_STATE``: the code a bench measured."""
+    return {"git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"]}
+
+
 def env_info(device: torch.device, started: float) -> dict:
     return {
         **CODE_STATE,

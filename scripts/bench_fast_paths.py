@@ -43,7 +43,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bftrec.experiment import CODE_STATE, cpu_name  # noqa: E402
+from bftrec.experiment import code_stamp, cpu_name  # noqa: E402
 from bftrec.trainer import (  # noqa: E402
     _optimizer,
     check_fast_paths,
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
            "setting": f"sports {args.model} at its tuned config (loss {loss}, windows {tc.train_windows}), CPU, "
                       "1 thread, process CPU time per step",
            "torch": torch.__version__, "steps": args.steps, "rounds": args.rounds,
-           "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"], "cpu": cpu_name(),
+           **code_stamp(), "cpu": cpu_name(),
            "cpu_s_per_step": {n: statistics.median(v) for n, v in per_round.items()},
            "ratio_to_reference": {n: statistics.median(v) for n, v in ratio.items()},
            "per_round_cpu_s_per_step": per_round,

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bftrec.experiment import CODE_STATE, device_name
+from bftrec.experiment import code_stamp, device_name
 from bftrec.grid import sweep_axes
 from bftrec.trainer import resolve_device
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": device_name(resolve_device("auto")),
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "live": {"slice": slice_, "extra": args.extra, "runs": lives,  # the code the live runs timed
-                 "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"]} if lives else None,
+                 **code_stamp()} if lives else None,
         "finished": finished(args.finished) if args.finished else None,  # each ledger line names its own commit
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bftrec.experiment import CODE_STATE, device_name
+from bftrec.experiment import code_stamp, device_name
 from bftrec.grid import AXES, sweep_axes
 from bftrec.rundir import override_key
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                    "cap_core_h": round(cells["cap_s"].sum() * args.threads / 3600, 1)},
         "slices": sl,
         "cells": cells.to_dict("records"),
-        "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],
+        **code_stamp(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -58,7 +58,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bftrec.experiment import CODE_STATE, device_name  # noqa: E402
+from bftrec.experiment import code_stamp, device_name  # noqa: E402
 from bftrec.layers import StandardLayerConfig, build_masks  # noqa: E402
 from bftrec.layers.bft import BFTHLayerConfig, BFTLayerConfig, BFTParams, LayerRun  # noqa: E402
 from bftrec.layers.precision import compiling  # noqa: E402
@@ -434,7 +434,7 @@ def main() -> None:
     name = f"layer_{device.type}.json" if args.model == "sasrec" else f"layer_{args.model}_{device.type}.json"
     out = Path(args.out or ROOT / "results" / "bench" / name)  # another backbone never overwrites SASRec's
     out.parent.mkdir(parents=True, exist_ok=True)
-    result.update(git_sha=CODE_STATE["git_sha"][:10], git_dirty=CODE_STATE["git_dirty"])  # the code measured
+    result.update(code_stamp())  # the code measured
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out} ({result['wall_s']} s)")
 

@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bftrec.experiment import CODE_STATE, cpu_name  # noqa: E402
+from bftrec.experiment import code_stamp, cpu_name  # noqa: E402
 from bftrec.models import base  # noqa: E402
 
 # (dataset, items N, HSTU width D): items from ../shared/data/README.md, D from configs/tuned/<dataset>_hstu.yaml
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
            "positions": a.positions, "negatives": a.negatives, "reps": a.reps, "threads": a.threads,
            "dense_negatives_ratio": ratio, "dense_negatives_block": base.DENSE_NEGATIVES_BLOCK,
            "device": "cpu", "device_name": cpu_name(), "torch": torch.__version__,
-           "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"], "sizes": rows}
+           **code_stamp(), "sizes": rows}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
 

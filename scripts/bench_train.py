@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bftrec.data.batches import trim_left  # noqa: E402
-from bftrec.experiment import CODE_STATE  # noqa: E402
+from bftrec.experiment import code_stamp  # noqa: E402
 from bftrec.models import base  # noqa: E402
 from bftrec.trainer import (  # noqa: E402
     _optimizer,
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval_valid_full_ranking": evaluation,
         "variants": results,
         "seconds": time.time() - started,
-        "git_sha": CODE_STATE["git_sha"][:10], "git_dirty": CODE_STATE["git_dirty"],  # the code measured
+        **code_stamp(),  # the code measured
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
