@@ -11,6 +11,9 @@ reruns the commands in place (after a change of the report's format), so ``git d
 Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
+It also reruns every quoted ``python scripts/cell_table.py ...`` command (the per-cell tables of a results README)
+and checks that each row it prints stands, as printed, in the markdown file that quotes it.
+
 Each command ends ``same``, ``differs`` (the files named), ``failed`` (its one-line error), or ``not rerunnable``
 (it reads a path that is not in this checkout, such as a scratch folder of runs whose cells were never
 committed, or a template such as ``results/paper_<grid>/runs``). Exit status 1 when any command differs or
@@ -30,10 +33,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import cell_table  # noqa: E402
+
 from bftrec.report import cli  # noqa: E402
 
 log = logging.getLogger("check_tables")
 COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
+CELL_TABLE = re.compile(r"`(python scripts/cell_table\.py [^`]*)`")  # a per-cell table a README quotes
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads
 
@@ -41,11 +48,43 @@ PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose v
 def recorded_commands(root: Path) -> list[str]:
     """The distinct ``bftrec-report`` commands that write under ``results/``, as quoted (in backticks, line
     breaks read as spaces) by the markdown of ``results/``, ``docs/`` and ``README.md`` under ``root``, sorted."""
-    sources = [*(root / "results").rglob("*.md"), *(root / "docs").rglob("*.md"), root / "README.md"]
     found = set()
-    for md in (p for p in sources if p.is_file()):
+    for md in _markdown(root):
         found.update(" ".join(m.group(1).split()) for m in COMMAND.finditer(md.read_text(errors="replace")))
     return sorted(found)
+
+
+def _markdown(root: Path) -> list[Path]:
+    """The markdown files whose quoted commands are checked: under ``results/`` and ``docs/``, and README.md."""
+    sources = [*(root / "results").rglob("*.md"), *(root / "docs").rglob("*.md"), root / "README.md"]
+    return [p for p in sources if p.is_file()]
+
+
+def recorded_cell_tables(root: Path) -> list[tuple[Path, str]]:
+    """``(markdown file, command)`` for every quoted ``python scripts/cell_table.py`` command (line breaks read
+    as spaces), in file order."""
+    return [(md, " ".join(m.group(1).split())) for md in sorted(_markdown(root))
+            for m in CELL_TABLE.finditer(md.read_text(errors="replace"))]
+
+
+def check_cell_table(md: Path, command: str) -> dict:
+    """Rerun one quoted ``cell_table.py`` command and look for each row it prints in ``md``: ``same`` when every
+    row stands there, ``differs`` naming the cells whose row does not, ``not rerunnable`` when its runs folder is
+    not in this checkout, ``failed`` with the script's one-line error."""
+    label = f"{md}: {command}"
+    try:
+        args = cell_table.parser().parse_args(shlex.split(command)[2:])
+    except SystemExit:  # argparse has named the bad argument on stderr
+        return {"command": label, "result": "failed", "why": "its arguments do not parse (above)"}
+    if not args.runs.is_dir():
+        return {"command": label, "result": "not rerunnable", "why": f"reads {args.runs}, not here"}
+    try:
+        rows = cell_table.table(args.runs, args.only).splitlines()
+    except SystemExit as e:
+        return {"command": label, "result": "failed", "why": str(e.code)}
+    text = md.read_text(errors="replace").splitlines()
+    missing = [r.split(" | ")[0].lstrip("| ") for r in rows if r not in text]
+    return {"command": label, "result": "differs" if missing else "same", "files": missing}
 
 
 def parse(command: str) -> tuple[list[str], Path | None, list[str]]:
@@ -107,16 +146,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"check_tables: no results/ folder in {Path.cwd()}; run it from the repository root "
                          "(the recorded paths are relative to it)")
     commands = [c for c in recorded_commands(Path(".")) if args.only in c]
-    if not commands:
+    tables = [(md, c) for md, c in recorded_cell_tables(Path(".")) if args.only in c]
+    if not commands and not tables:
         raise SystemExit("check_tables: no quoted bftrec-report command writes under results/"
                          + (f" containing {args.only!r}" if args.only else ""))
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="check_tables_") as tmp:
         for command in commands:
-            res = check(command, Path(tmp), args.write)
-            outcomes.append(res)
-            log.info("%-14s %s%s", res["result"], command,
-                     f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")
+            outcomes.append(check(command, Path(tmp), args.write))
+        outcomes += [check_cell_table(md, command) for md, command in tables]
+    for res in outcomes:
+        log.info("%-14s %s%s", res["result"], res["command"],
+                 f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")
     counts = {r: sum(o["result"] == r for o in outcomes) for r in sorted({o["result"] for o in outcomes})}
     log.info("%d commands: %s", len(outcomes), ", ".join(f"{n} {r}" for r, n in counts.items()))
     if args.json:
