@@ -557,6 +557,20 @@ def run_note(runs: list[dict], missing: list[tuple]) -> str:
     return "; ".join(notes)
 
 
+def strata_of(run: dict) -> list[tuple[str, object, str]]:
+    """(name, where, range) per stratum: ``overall``, item-frequency bins Q0.., cold, warm users."""
+    t = run["test"]
+    out = [("overall", "overall", "")]
+    out += [(b["bin"], i, f"{b['lo']}-{b['hi']}") for i, b in enumerate(t["by_item_freq"])]
+    return out + [("cold", "cold_users", f"hist<={t['cold_users']['max_history']}"), ("warm", "warm_users", "")]
+
+
+def stratum_value(run: dict, where, key: str):
+    """``key`` (a metric, ``n_users``) of the stratum ``where`` (from ``strata_of``) in the run's test block."""
+    t = run["test"]
+    return (t["by_item_freq"][where] if isinstance(where, int) else t[where])[key]
+
+
 def is_counted(run: dict) -> bool:
     """A statistical model's run (pop, markov: ``trainable = False``): counted, no parameters, no training."""
     return run.get("n_parameters") == 0

@@ -24,7 +24,8 @@ config differ beyond the layer (across layers only), seed and tag. A key missing
 config (an older run) counts as the key's current default (``default_config``), after the legacy
 rules of ``normalise_config``.
 
-Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown and csv, and
+Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown and csv (and, where the runs hold
+more than one model, ``floor``: every model's standard layer side by side by stratum, ``bftrec.report.floor``), and
 ``comparisons.csv`` (one numeric row per comparison, metric and stratum). A cell groups runs by
 (dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
 with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
@@ -48,6 +49,7 @@ from scipy.stats import wilcoxon
 
 from bftrec.report.beyond import beyond_table, beyond_tests
 from bftrec.report.cells import fmt, pct, pval
+from bftrec.report.floor import floor_note, floor_table
 from bftrec.report.runs import (
     METRICS,
     STANDARD,
@@ -61,6 +63,8 @@ from bftrec.report.runs import (
     preregistration_notes,
     run_note,
     select_runs,
+    strata_of,
+    stratum_value,
     trial_overrides,
 )
 from bftrec.report.stats import (
@@ -197,19 +201,6 @@ def bootstrap_gain_ci(a: np.ndarray, b: np.ndarray, n_boot: int = BOOT_B, seed: 
         gains = np.where(sb > 0, (sa - sb) / np.where(sb > 0, sb, 1), np.where(sa > 0, np.inf, 0))
     lo_q, hi_q = np.quantile(gains, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")  # no inf - inf
     return float(lo_q), float(hi_q)
-
-
-def strata_of(run: dict) -> list[tuple[str, object, str]]:
-    """(name, where, range) per stratum: ``overall``, item-frequency bins Q0.., cold, warm users."""
-    t = run["test"]
-    out = [("overall", "overall", "")]
-    out += [(b["bin"], i, f"{b['lo']}-{b['hi']}") for i, b in enumerate(t["by_item_freq"])]
-    return out + [("cold", "cold_users", f"hist<={t['cold_users']['max_history']}"), ("warm", "warm_users", "")]
-
-
-def stratum_value(run: dict, where, key: str):
-    t = run["test"]
-    return (t["by_item_freq"][where] if isinstance(where, int) else t[where])[key]
 
 
 def stratum_users(run: dict, where) -> np.ndarray | None:
@@ -646,11 +637,13 @@ def meta_markdown(meta: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["q"]).rename(columns=names)
 
 
-def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str) -> list[Path]:
+def write(df: pd.DataFrame, out: Path, name: str, title: str, head: str, numparse: bool = True) -> list[Path]:
+    """``<out>/<name>.csv`` and ``.md`` (title, header lines, the table); ``numparse=False`` keeps numbers that are
+    text as written (``0.0090``, not ``0.009``)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.csv", out / f"{name}.md"]
     df.to_csv(paths[0], index=False)
-    paths[1].write_text(f"# {title}\n\n{head}\n\n{df.to_markdown(index=False)}\n")
+    paths[1].write_text(f"# {title}\n\n{head}\n\n{df.to_markdown(index=False, disable_numparse=not numparse)}\n")
     return paths
 
 
@@ -701,6 +694,10 @@ def main(argv: list[str] | None = None) -> None:
                    stat_head)
     wrote += write(strata_table(groups, comp), args.out, "strata", "Test metrics by stratum (mean ± std over seeds)",
                    stat_head)
+    floor = floor_table(groups)
+    if len(floor):
+        wrote += write(floor, args.out, "floor", "The floor: every model's standard layer side by side, by stratum",
+                       f"{head}\n{floor_note(groups)}", numparse=False)
     mech = mechanism_table(groups)
     if len(mech):
         wrote += write(mech, args.out, "mechanism", "BFT mechanism by stratum (test histories, mean ± std over seeds)",
