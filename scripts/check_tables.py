@@ -12,7 +12,8 @@ Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
 It also reruns every quoted ``python scripts/cell_table.py ...`` command (the per-cell tables of a results README)
-and checks that each row it prints stands, as printed, in the markdown file that quotes it.
+and checks that the table right below it is what it prints, line for line; such a command that cannot be read
+(not in backticks), reads a folder not in this checkout, or has no table below it fails.
 
 Each command ends ``same``, ``differs`` (the files named), ``failed`` (its one-line error), or ``not rerunnable``
 (it reads a path that is not in this checkout, such as a scratch folder of runs whose cells were never
@@ -60,31 +61,64 @@ def _markdown(root: Path) -> list[Path]:
     return [p for p in sources if p.is_file()]
 
 
-def recorded_cell_tables(root: Path) -> list[tuple[Path, str]]:
-    """``(markdown file, command)`` for every quoted ``python scripts/cell_table.py`` command (line breaks read
-    as spaces), in file order."""
-    return [(md, " ".join(m.group(1).split())) for md in sorted(_markdown(root))
-            for m in CELL_TABLE.finditer(md.read_text(errors="replace"))]
+MENTION = re.compile(r"cell_table\.py[^\n`]*--runs")  # any cell_table command, quoted in backticks or not
 
 
-def check_cell_table(md: Path, command: str) -> dict:
-    """Rerun one quoted ``cell_table.py`` command and look for each row it prints in ``md``: ``same`` when every
-    row stands there, ``differs`` naming the cells whose row does not, ``not rerunnable`` when its runs folder is
-    not in this checkout, ``failed`` with the script's one-line error."""
+def recorded_cell_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]:
+    """``(markdown file, command, the table below it)`` for every quoted ``python scripts/cell_table.py`` command
+    (line breaks read as spaces), in file order. The table is the first run of lines starting with ``|`` after the
+    command and before the next heading or cell_table command; ``None`` where there is none. A cell_table command
+    written any other way (unquoted, in a code block, ``python3``) comes as ``(file, its text, None)`` with the
+    command prefixed ``UNREADABLE:``, so that it fails rather than going unchecked."""
+    out = []
+    for md in sorted(_markdown(root)):
+        text = md.read_text(errors="replace")
+        found = list(CELL_TABLE.finditer(text))
+        spans = [(m.start(1), m.end(1)) for m in found]
+        for m in MENTION.finditer(text):
+            if not any(a <= m.start() < b for a, b in spans):
+                out.append((md, f"UNREADABLE: {m.group(0)}", None))
+        for i, m in enumerate(found):
+            stop = found[i + 1].start() if i + 1 < len(found) else len(text)
+            lines, table = text[m.end():stop].splitlines(), []
+            for line in lines[1:]:  # the command's own line is not the table
+                if line.startswith("#"):
+                    break
+                if line.startswith("|"):
+                    table.append(line)
+                elif table:
+                    break
+            out.append((md, " ".join(m.group(1).split()), table or None))
+    return out
+
+
+def check_cell_table(md: Path, command: str, committed: list[str] | None) -> dict:
+    """Rerun one quoted ``cell_table.py`` command and compare what it prints with ``committed``, the table below
+    the command in ``md``: ``same`` when they are equal line for line, ``differs`` naming the cells whose row is
+    missing, changed or left over; ``failed`` with the reason for a command that cannot be read or run, a runs
+    folder that is not in this checkout (every quoted one is committed), or no table below the command."""
     label = f"{md}: {command}"
+    if command.startswith("UNREADABLE:"):
+        return {"command": label, "result": "failed", "why": "a cell_table command written so that it cannot be "
+                "checked: quote it in backticks as `python scripts/cell_table.py --runs ...`"}
     try:
         args = cell_table.parser().parse_args(shlex.split(command)[2:])
+    except ValueError as e:  # shlex: an unbalanced quote
+        return {"command": label, "result": "failed", "why": f"the command does not split: {e}"}
     except SystemExit:  # argparse has named the bad argument on stderr
         return {"command": label, "result": "failed", "why": "its arguments do not parse (above)"}
     if not args.runs.is_dir():
-        return {"command": label, "result": "not rerunnable", "why": f"reads {args.runs}, not here"}
+        return {"command": label, "result": "failed", "why": f"reads {args.runs}, not in this checkout"}
+    if committed is None:
+        return {"command": label, "result": "failed", "why": "no table below the command"}
     try:
         rows = cell_table.table(args.runs, args.only).splitlines()
     except SystemExit as e:
         return {"command": label, "result": "failed", "why": str(e.code)}
-    text = md.read_text(errors="replace").splitlines()
-    missing = [r.split(" | ")[0].lstrip("| ") for r in rows if r not in text]
-    return {"command": label, "result": "differs" if missing else "same", "files": missing}
+    if rows == committed:
+        return {"command": label, "result": "same"}
+    names = sorted({r.split(" | ")[0].lstrip("| ") for r in set(rows) ^ set(committed)})
+    return {"command": label, "result": "differs", "files": names or ["the order of the rows"]}
 
 
 def parse(command: str) -> tuple[list[str], Path | None, list[str]]:
@@ -106,7 +140,10 @@ def parse(command: str) -> tuple[list[str], Path | None, list[str]]:
 def check(command: str, scratch: Path, write: bool) -> dict:
     """Rerun one recorded command from the current folder (the repository root); see the module docstring for
     the outcomes. ``scratch``: where the rerun writes (``scratch/<its --out>``) unless ``write``."""
-    argv, out, reads = parse(command)
+    try:
+        argv, out, reads = parse(command)
+    except ValueError as e:  # shlex: an unbalanced quote
+        return {"command": command, "result": "failed", "why": f"the command does not split: {e}"}
     missing = [p for p in reads if not Path(p).exists()]
     if out is None:
         return {"command": command, "result": "not rerunnable", "why": "it records no --out"}
@@ -146,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"check_tables: no results/ folder in {Path.cwd()}; run it from the repository root "
                          "(the recorded paths are relative to it)")
     commands = [c for c in recorded_commands(Path(".")) if args.only in c]
-    tables = [(md, c) for md, c in recorded_cell_tables(Path(".")) if args.only in c]
+    tables = [t for t in recorded_cell_tables(Path(".")) if args.only in t[1]]
     if not commands and not tables:
         raise SystemExit("check_tables: no quoted bftrec-report command writes under results/"
                          + (f" containing {args.only!r}" if args.only else ""))
@@ -154,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="check_tables_") as tmp:
         for command in commands:
             outcomes.append(check(command, Path(tmp), args.write))
-        outcomes += [check_cell_table(md, command) for md, command in tables]
+        outcomes += [check_cell_table(md, command, table) for md, command, table in tables]
     for res in outcomes:
         log.info("%-14s %s%s", res["result"], res["command"],
                  f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")

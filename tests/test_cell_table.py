@@ -13,8 +13,10 @@ ct = load_script("check_tables")
 def _cell(runs, cell, hr, best=3, run=9, sha="abcdef1234", ledger=("ran", 1234.5)):
     d = runs / cell
     d.mkdir(parents=True)
+    dataset, model, layer = cell.split("/")[:3]
     (d / "metrics.json").write_text(json.dumps({
-        "best_epoch": best, "epochs_run": run, "valid": {"NDCG@10": hr / 3},
+        "dataset": dataset, "model": model, "layer": layer, "best_epoch": best, "epochs_run": run,
+        "valid": {"NDCG@10": hr / 3},
         "test": {"overall": {"HR@10": hr, "NDCG@10": hr / 2}}}))
     (d / "env.json").write_text(json.dumps({"git_sha": sha}))
     if ledger:
@@ -54,9 +56,49 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "--only 'toys/sasrec' matches no finished cell" in capsys.readouterr().err
     assert ctab.main(["--runs", str(tmp_path / "nope")]) == 2
     assert "no runs folder" in capsys.readouterr().err
-    (runs / "toys/sasrec/bft/seed0/metrics.json").write_text('{"best_epoch": 3}')
-    with pytest.raises(SystemExit, match="lacks 'epochs_run'"):
+    for wrong in (runs / "toys/sasrec", runs / "toys/sasrec/bft", tmp_path):  # a level too deep or too shallow
+        with pytest.raises(SystemExit, match="not dataset/model/layer/|a level too deep or too shallow"):
+            ctab.table(wrong)
+    metrics = runs / "toys/sasrec/bft/seed0/metrics.json"
+    good = metrics.read_text()
+    for text, match in (('{"best_epoch": 3}', "lacks 'epochs_run'"), ("[1, 2]", "lacks"),
+                        (good.replace('"HR@10": 0.1', '"HR@10": null'), "test HR@10 is None"),
+                        (good.replace('"HR@10": 0.1', '"HR@10": "0.1"'), "test HR@10 is '0.1'"),
+                        ('{"best', "not readable JSON")):
+        metrics.write_text(text)
+        with pytest.raises(SystemExit, match=match):
+            ctab.table(runs)
+    metrics.write_bytes(b"\xff\xfe")
+    with pytest.raises(SystemExit, match="not readable JSON"):
         ctab.table(runs)
+    metrics.write_text(good)
+    (runs / "toys/sasrec/bft/seed0/env.json").write_text("{torn")
+    with pytest.raises(SystemExit, match="env.json is not readable JSON"):
+        ctab.table(runs)
+
+
+def test_odd_ledgers_give_the_right_row_or_one_line(tmp_path):
+    runs = tmp_path / "runs"
+    _cell(runs, "toys/sasrec/bft/seed0", 0.1, ledger=None)
+    with (runs / "ledger.jsonl").open("a") as f:  # a trailing slash, a bool and a NaN wall time, no git_sha
+        f.write(json.dumps({"cell": "toys/sasrec/bft/seed0/", "status": "ran", "wall_s": True}) + "\n")
+    assert ctab.table(runs).splitlines()[-1].endswith("| `abcdef1` | 3 / 9 | 0.0333 | 0.1000 | 0.0500 | – |")
+    (runs / "ledger.jsonl").write_text(json.dumps(
+        {"cell": "toys/sasrec/bft/seed0", "status": "ran", "wall_s": float("nan"), "git_sha": None}) + "\n")
+    assert ctab.table(runs).splitlines()[-1].endswith("| `abcdef1` | 3 / 9 | 0.0333 | 0.1000 | 0.0500 | – |")
+    (runs / "toys/sasrec/bft/seed0.bak").mkdir()  # a copy beside a cell is not a cell
+    (runs / "toys/sasrec/bft/seed0.bak/metrics.json").write_text("{}")
+    assert len(ctab.table(runs).splitlines()) == 3
+    (runs / "ledger.jsonl").write_text(json.dumps(  # the folder was replaced after its line: refused
+        {"cell": "toys/sasrec/bft/seed0", "status": "ran", "wall_s": 5, "git_sha": "9999999abc"}) + "\n")
+    with pytest.raises(SystemExit, match="ran at 9999999, its env.json at abcdef1"):
+        ctab.table(runs)
+
+
+def _readme(tmp_path, body):
+    readme = tmp_path / "results" / "g" / "README.md"
+    readme.write_text(body)
+    return readme
 
 
 def test_check_tables_names_a_quoted_cell_table_whose_rows_moved(tmp_path, monkeypatch):
@@ -65,16 +107,25 @@ def test_check_tables_names_a_quoted_cell_table_whose_rows_moved(tmp_path, monke
     _cell(runs, "toys/sasrec/standard/seed0", 0.1)
     _cell(runs, "toys/sasrec/bft/seed0", 0.2)
     cmd = "python scripts/cell_table.py --runs results/g/runs --only 'toys/*'"
-    readme = tmp_path / "results" / "g" / "README.md"
     made = ctab.table(runs.relative_to(tmp_path), ["toys/*"])
-    readme.write_text(f"Per cell (`{cmd}`):\n\n{made}\n\nand a missing folder: "
-                      "`python scripts/cell_table.py --runs results/gone/runs`\n")
-    assert ct.recorded_cell_tables(tmp_path) == [
-        (readme, cmd), (readme, "python scripts/cell_table.py --runs results/gone/runs")]
+    readme = _readme(tmp_path, f"Per cell (`{cmd.replace(' --only', chr(10) + '--only')}`):\n\n{made}\n\nText.\n")
+    assert ct.recorded_cell_tables(tmp_path) == [(readme, cmd, made.splitlines())]  # a line break reads as a space
     assert ct.main(["--json", "out.json"]) == 0
-    assert json.loads((tmp_path / "out.json").read_text())["counts"] == {"not rerunnable": 1, "same": 1}
+    assert json.loads((tmp_path / "out.json").read_text())["counts"] == {"same": 1}
 
-    readme.write_text(readme.read_text().replace("0.2000", "0.2100"))  # a hand-edited number
-    assert ct.main(["--only", "toys", "--json", "out.json"]) == 1
-    (res,) = json.loads((tmp_path / "out.json").read_text())["commands"]
-    assert res["result"] == "differs" and res["files"] == ["toys/sasrec/bft/seed0"]
+    def outcome(body):
+        _readme(tmp_path, body)
+        status = ct.main(["--only", "cell_table", "--json", "out.json"])
+        (res,) = json.loads((tmp_path / "out.json").read_text())["commands"]
+        return status, res["result"], res.get("files") or res.get("why")
+
+    assert outcome(f"`{cmd}`\n\n{made.replace('0.2000', '0.2100')}\n") == (1, "differs", ["toys/sasrec/bft/seed0"])
+    stale = "| toys/sasrec/bft/seed9 | `abcdef1` | 3 / 9 | 0.1 | 0.1 | 0.1 | 1 |"
+    assert outcome(f"`{cmd}`\n\n{made}\n{stale}\n") == (1, "differs", ["toys/sasrec/bft/seed9"])  # a left-over row
+    narrow = "python scripts/cell_table.py --runs results/g/runs --only 'toys/sasrec/standard/*'"
+    assert outcome(f"`{narrow}`\n\n{made}\n") == (1, "differs", ["toys/sasrec/bft/seed0"])  # a row outside --only
+    assert outcome(f"`{cmd}`\n\n## Next\n\n{made}\n")[1:] == ("failed", "no table below the command")
+    assert outcome("`python scripts/cell_table.py --runs results/gone/runs`\n\n| x |\n")[1] == "failed"
+    assert outcome("`python scripts/cell_table.py --runs results/g/runs --only 'toys/*`\n\n| x |\n")[1] == "failed"
+    status, result, why = outcome(f"```\npython3 scripts/cell_table.py --runs results/g/runs\n```\n\n{made}\n")
+    assert (status, result) == (1, "failed") and "cannot be checked" in why
