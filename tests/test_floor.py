@@ -48,3 +48,35 @@ def test_a_model_missing_on_a_dataset_and_a_stratum_without_hits():
 def test_one_model_gives_no_table():
     assert floor_table({("a", "sasrec", "", "standard"): [_run(0.1)], ("a", "sasrec", "", "bft"): [_run(0.2)]}).empty
     assert isinstance(floor_table({}), pd.DataFrame)
+
+
+def test_best_is_by_hr_as_printed_and_names_ties():
+    groups = {("d", "pop", "", "standard"): [_run(0.2, ndcg=0.01, params=0)],
+              ("d", "sasrec", "", "standard"): [_run(v, ndcg=0.3, seed=s)
+                                                for s, v in enumerate((0.1, 0.2, 0.30000001))]}
+    overall = floor_table(groups).iloc[0]
+    assert overall["HR@10 sasrec"] == "0.2000"  # the mean over all three seeds
+    assert overall["best HR@10"] == "pop, sasrec"  # equal as printed, although NDCG@10 favours sasrec
+
+
+def test_strata_are_the_union_and_other_users_are_named_and_not_ranked():
+    extra = _run(0.5)  # one more bin, and Q0 on other users
+    extra["test"]["by_item_freq"].append({"bin": "Q2", "lo": 100, "hi": 200, "n_users": 3, "HR@10": 0.9,
+                                          "NDCG@10": 0.4})
+    extra["test"]["by_item_freq"][0]["n_users"] = 999
+    groups = {("d", "markov", "", "standard"): [_run(0.1, params=0)], ("d", "gru4rec", "", "standard"): [extra]}
+    df = floor_table(groups).set_index("stratum")
+    assert list(df.index) == ["overall", "Q0", "Q1", "Q2", "cold", "warm"]
+    assert df.loc["Q2", "HR@10 markov"] == "–" and df.loc["Q2", "best HR@10"] == "gru4rec"
+    assert df.loc["Q0", "HR@10 gru4rec"] == "0.2500 (999 users)"
+    assert df.loc["Q0", "best HR@10"] == "markov"  # 0.25 on other users is not ranked against 0.05
+
+
+def test_a_tagged_row_takes_the_untagged_counted_floor_and_the_note_gives_seed_ranges():
+    groups = {("d", "markov", "", "standard"): [_run(0.1, params=0)],
+              ("d", "sasrec", "long", "standard"): [_run(0.2, seed=0), _run(0.2, seed=1)],
+              ("e", "sasrec", "", "standard"): [_run(0.2)]}
+    df = floor_table(groups).set_index(["dataset", "tag", "stratum"])
+    assert df.loc[("d", "long", "overall"), "HR@10 markov"] == "0.1000"
+    assert df.loc[("d", "long", "overall"), "HR@10 sasrec"] == "0.2000"
+    assert "seeds: markov 1, sasrec 1–2" in floor_note(groups)

@@ -874,3 +874,23 @@ def test_layers_tuned_on_their_own_are_compared_only_when_asked(runs, tmp_path):
     _edit_config(root / "bft" / "seed1", lambda c: c["trainer"].update(lr=0.0456))  # seeds of a cell disagree
     with pytest.raises(SystemExit, match="differ at trainer.lr"):
         mt.main(["--runs", str(root), "--out", str(tmp_path / "t2"), "--own-values", "trainer.lr"])
+
+
+def test_runs_of_two_models_get_the_floor_table(runs, tmp_path):
+    src = _copy(runs, tmp_path)
+    for seed in (0, 1):  # a counted model beside the trained one: the standard runs relabelled as pop
+        dst = src / "pop" / f"seed{seed}"
+        shutil.copytree(src / "standard" / f"seed{seed}", dst)
+        m = json.loads((dst / "metrics.json").read_text())
+        m.update(model="pop", n_parameters=0)
+        m["test"]["overall"]["HR@10"] = 0.009
+        (dst / "metrics.json").write_text(json.dumps(m))
+        _edit_config(dst, lambda c: c["model"].update(name="pop"))
+    tables.main(["--runs", str(src), "--out", str(tmp_path / "t")])
+    floor = (tmp_path / "t" / "floor.md").read_text()
+    assert "best HR@10" in floor and "each model's `standard` layer" in floor
+    row = pd.read_csv(tmp_path / "t" / "floor.csv", dtype=str).set_index("stratum").loc["overall"]
+    assert row["HR@10 pop"] == "0.0090"  # as written: the column of counted models comes first
+    assert "| 0.0090 " in floor  # the markdown keeps the text (no number parsing: 0.009 would lose a digit)
+    cols = list(row.index)
+    assert cols.index("HR@10 pop") < cols.index("HR@10 sasrec")

@@ -2,16 +2,20 @@
 stratum by stratum, so that each trained backbone stands next to the counted floor (``pop``, ``markov``) and the
 recurrent baseline (``gru4rec``) on the same test users.
 
-One row per (dataset, tag, stratum), the strata of ``strata.csv``: overall, the item-frequency bins of the test
-target (Q0 the rarest), cold and warm users. Per metric (HR@10, NDCG@10), one column per model: the mean over the
-seeds of its ``standard`` cell (the spread and the tests are in ``overall`` and ``strata``; a counted model has
-one seed, as the seed changes nothing). Columns: the counted models first (no parameters: ``runs.is_counted``),
-then the trained ones, each group by name. ``best HR@10`` names the model(s) with the highest mean, ``–`` where no
-model has a hit. Where a model's runs bin the item frequencies differently from the row's (another protocol), its
-value carries its own bin (``0.0123 (bin 0-5)``). Written as ``floor.md`` and ``floor.csv`` when the runs hold the
-``standard`` layer of more than one model.
+One row per (dataset, tag, stratum), the strata of ``strata.csv`` (the union over the models): overall, the
+item-frequency bins of the test target (Q0 the rarest), cold and warm users. Per metric (HR@10, NDCG@10), one
+column per model: the mean over the seeds of its ``standard`` cell (a tagged row takes a model's untagged cell
+where it has no tagged one, as ``runs.baseline`` does; the spread and the tests are in ``overall`` and ``strata``;
+a counted model has one seed, as the seed changes nothing). Columns: the counted models first (no parameters:
+``runs.is_counted``), then the trained ones, each group by name. ``best HR@10`` names the model(s) with the
+highest mean as printed (ties: all), among the models with a value there, ``–`` where none has a hit. Where a
+model's stratum holds other users than the row's (another bin or user count: another protocol), its value names
+them (``0.0123 (bin 0-5)``) and is left out of ``best``. Written as ``floor.md`` and ``floor.csv`` when the runs
+hold the ``standard`` layer of more than one model.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -29,49 +33,71 @@ def floor_models(groups: dict) -> list[str]:
 
 
 def _mean(values: list) -> float | None:
-    v = [x for x in values if x is not None]
+    v = [x for x in values if x is not None and not math.isnan(x)]
     return float(np.mean(v)) if v else None
+
+
+def _order(name: str) -> tuple:
+    """overall, then the item-frequency bins in order (Q0, Q1, …), then cold and warm users."""
+    if name == "overall":
+        return (0, 0, name)
+    if name in ("cold", "warm"):
+        return (2, 0 if name == "cold" else 1, name)
+    return (1, int(name[1:]) if name[1:].isdigit() else 0, name)
+
+
+def _cells(groups: dict, ds: str, tag: str, models: list[str]) -> dict[str, list[dict]]:
+    """Each model's ``standard`` runs on (dataset, tag), else its untagged ones (as ``runs.baseline``)."""
+    got = {m: groups.get((ds, m, tag, STANDARD)) or groups.get((ds, m, "", STANDARD)) for m in models}
+    return {m: rs for m, rs in got.items() if rs}
 
 
 def floor_table(groups: dict) -> pd.DataFrame:
     """One row per (dataset, tag, stratum); per metric one column per model (mean over the seeds of its
-    ``standard`` cell, 4 decimals, ``–`` where the model has no cell or no value), and ``best HR@10``. Returns an
-    empty frame with fewer than two models."""
+    ``standard`` cell, 4 decimals, ``–`` where the model has no cell or no value; a value on other users than the
+    row's, another bin or another user count, names them), and ``best HR@10`` over the printed values on the
+    row's own users (ties: all). The strata are the union over the models. Returns an empty frame with fewer than
+    two models."""
     models = floor_models(groups)
     if len(models) < 2:
         return pd.DataFrame()
     rows = []
     for ds, tag in sorted({(k[0], k[2]) for k in groups if k[3] == STANDARD}):
-        present = {m: groups[(ds, m, tag, STANDARD)] for m in models if (ds, m, tag, STANDARD) in groups}
-        first = next(iter(present.values()))[0]
-        for name, where, rng in strata_of(first):
-            row = {"dataset": ds, "tag": tag, "stratum": name, "range": rng,
-                   "users": stratum_value(first, where, "n_users")}
-            means = {}
+        present = _cells(groups, ds, tag, models)
+        strata = {}  # name -> (range, users) of the first model that has it
+        for rs in present.values():
+            for name, where, rng in strata_of(rs[0]):
+                strata.setdefault(name, (rng, stratum_value(rs[0], where, "n_users")))
+        for name in sorted(strata, key=_order):
+            rng, users = strata[name]
+            row = {"dataset": ds, "tag": tag, "stratum": name, "range": rng, "users": users}
+            best = {}
             for metric in METRICS:
                 for m in models:
-                    row[f"{metric} {m}"], mean = _value(present.get(m), name, rng, metric)
+                    row[f"{metric} {m}"], mean = _value(present.get(m), name, (rng, users), metric)
                     if metric == "HR@10" and mean is not None:
-                        means[m] = mean
-            top = max(means.values(), default=0.0)
-            row["best HR@10"] = ", ".join(m for m, v in means.items() if v == top) if top > 0 else "–"
+                        best[m] = round(mean, 4)  # as printed: a tie on the page is a tie here
+            top = max(best.values(), default=0.0)
+            row["best HR@10"] = ", ".join(m for m, v in best.items() if v == top) if top > 0 else "–"
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _value(runs: list[dict] | None, name: str, rng: str, metric: str) -> tuple[str, float | None]:
-    """(cell text, mean) of ``metric`` on the stratum called ``name`` in ``runs``; its own bin named where its
-    range is not ``rng``."""
+def _value(runs: list[dict] | None, name: str, ref: tuple, metric: str) -> tuple[str, float | None]:
+    """(cell text, mean or None) of ``metric`` on the stratum ``name`` in ``runs``. ``ref``: the row's (range,
+    users); where the model's differ, the text names its own and the mean is None (not comparable for best)."""
     if not runs:
         return "–", None
     own = {n: (w, r) for n, w, r in strata_of(runs[0])}
     if name not in own:
         return "–", None
-    where, own_rng = own[name]
+    where, rng = own[name]
     mean = _mean([stratum_value(r, where, metric) for r in runs])
     if mean is None:
         return "–", None
-    return f"{mean:.4f}" + (f" (bin {own_rng})" if own_rng != rng else ""), mean
+    users = stratum_value(runs[0], where, "n_users")
+    notes = ([f"bin {rng}"] if rng != ref[0] else []) + ([f"{users} users"] if users != ref[1] else [])
+    return (f"{mean:.4f} ({', '.join(notes)})", None) if notes else (f"{mean:.4f}", mean)
 
 
 def floor_note(groups: dict) -> str:
