@@ -81,7 +81,7 @@ def trend(rows: pd.DataFrame) -> pd.DataFrame:
         by_value = {v: parse_seed_gains(s) for v, s in zip(g["value"], g["seed_gains"])}
         seeds = sorted(set.intersection(*(set(d) for d in by_value.values()))) if by_value else []
         xs = np.array(sorted(by_value))
-        untested = g["test_note"].fillna("").astype(str).str.startswith("n/a").any()
+        untested = g["test_note"].map(lambda note: isinstance(note, str) and note.startswith("n/a")).any()
         if untested:  # a gain without a test at some value gets no trend either
             seeds = []
         slopes = [float(np.polyfit(xs, [by_value[x][s] for x in xs], 1)[0]) for s in seeds] if len(xs) > 1 else []
