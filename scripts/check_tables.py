@@ -12,8 +12,9 @@ Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
 It also reruns every quoted ``python scripts/cell_table.py ...`` command (the per-cell tables of a results README)
-and checks that the table right below it is what it prints, line for line; such a command that cannot be read
-(not in backticks), reads a folder not in this checkout, or has no table below it fails.
+and checks that the table right below it is what it prints, line for line (``--write`` puts what it prints there);
+such a command that cannot be read (not in backticks), reads a folder not in this checkout, or has no table below
+it fails.
 
 Each command ends ``same``, ``differs`` (the files named), ``failed`` (its one-line error), or ``not rerunnable``
 (it reads a path that is not in this checkout, such as a scratch folder of runs whose cells were never
@@ -92,11 +93,22 @@ def recorded_cell_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]
     return out
 
 
-def check_cell_table(md: Path, command: str, committed: list[str] | None) -> dict:
+def _rewrite_table(md: Path, command: str, old: list[str], new: list[str]) -> None:
+    """Put ``new`` in place of the table ``old`` right below the quoted ``command`` in ``md``."""
+    text = md.read_text()
+    for m in CELL_TABLE.finditer(text):
+        if " ".join(m.group(1).split()) == command:
+            at = text.index("\n".join(old), m.end())
+            md.write_text(text[:at] + "\n".join(new) + text[at + len("\n".join(old)):])
+            return
+
+
+def check_cell_table(md: Path, command: str, committed: list[str] | None, write: bool = False) -> dict:
     """Rerun one quoted ``cell_table.py`` command and compare what it prints with ``committed``, the table below
     the command in ``md``: ``same`` when they are equal line for line, ``differs`` naming the cells whose row is
     missing, changed or left over; ``failed`` with the reason for a command that cannot be read or run, a runs
-    folder that is not in this checkout (every quoted one is committed), or no table below the command."""
+    folder that is not in this checkout (every quoted one is committed), or no table below the command. With
+    ``write``, a table that differs is replaced by what the command prints (``rewritten``)."""
     label = f"{md}: {command}"
     if command.startswith("UNREADABLE:"):
         return {"command": label, "result": "failed", "why": "a cell_table command written so that it cannot be "
@@ -117,6 +129,9 @@ def check_cell_table(md: Path, command: str, committed: list[str] | None) -> dic
         return {"command": label, "result": "failed", "why": str(e.code)}
     if rows == committed:
         return {"command": label, "result": "same"}
+    if write:
+        _rewrite_table(md, command, committed, rows)
+        return {"command": label, "result": "rewritten"}
     names = sorted({r.split(" | ")[0].lstrip("| ") for r in set(rows) ^ set(committed)})
     return {"command": label, "result": "differs", "files": names or ["the order of the rows"]}
 
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="check_tables_") as tmp:
         for command in commands:
             outcomes.append(check(command, Path(tmp), args.write))
-        outcomes += [check_cell_table(md, command, table) for md, command, table in tables]
+        outcomes += [check_cell_table(md, command, table, args.write) for md, command, table in tables]
     for res in outcomes:
         log.info("%-14s %s%s", res["result"], res["command"],
                  f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")

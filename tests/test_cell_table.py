@@ -129,3 +129,17 @@ def test_check_tables_names_a_quoted_cell_table_whose_rows_moved(tmp_path, monke
     assert outcome("`python scripts/cell_table.py --runs results/g/runs --only 'toys/*`\n\n| x |\n")[1] == "failed"
     status, result, why = outcome(f"```\npython3 scripts/cell_table.py --runs results/g/runs\n```\n\n{made}\n")
     assert (status, result) == (1, "failed") and "cannot be checked" in why
+
+
+def test_write_puts_the_printed_rows_below_the_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "results" / "g" / "runs"
+    _cell(runs, "toys/sasrec/standard/seed0", 0.1)
+    cmd = "python scripts/cell_table.py --runs results/g/runs"
+    old = ctab.table(runs.relative_to(tmp_path))
+    _cell(runs, "toys/sasrec/standard/seed1", 0.2)  # a cell collected since
+    readme = _readme(tmp_path, f"Intro.\n\nPer cell (`{cmd}`):\n\n{old}\n\nAfter.\n")
+    assert ct.main(["--only", "cell_table"]) == 1
+    assert ct.main(["--only", "cell_table", "--write"]) == 0
+    assert readme.read_text() == f"Intro.\n\nPer cell (`{cmd}`):\n\n{ctab.table(runs.relative_to(tmp_path))}\n\nAfter.\n"
+    assert ct.main(["--only", "cell_table"]) == 0
