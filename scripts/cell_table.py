@@ -141,6 +141,9 @@ def table(runs: Path, only: list[str] | None = None) -> str:
     return "\n".join([*header, *(row(runs, c, last.get(c), has_ledger) for c in cells)])
 
 
+KEY_CELLS = 1  # the leading cells that name a row (the cell path), for check_tables' reports
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (``scripts/check_tables.py`` parses quoted commands with it)."""
     ap = argparse.ArgumentParser(prog="cell_table.py", description=__doc__.split("\n")[0])
@@ -150,10 +153,20 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def render(args: argparse.Namespace) -> str:
+    """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
+    return table(args.runs, args.only)
+
+
+def inputs(args: argparse.Namespace) -> list[Path]:
+    """The paths a command reads (``check_tables``: a command whose inputs are not in the checkout fails)."""
+    return [args.runs]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        sys.stdout.write(table(args.runs, args.only) + "\n")
+        sys.stdout.write(render(args) + "\n")
     except SystemExit as e:
         if isinstance(e.code, str):
             sys.stderr.write(e.code + "\n")

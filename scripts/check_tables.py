@@ -11,10 +11,10 @@ reruns the commands in place (after a change of the report's format), so ``git d
 Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
-It also reruns every quoted ``python scripts/cell_table.py ...`` command (the per-cell tables of a results README)
-and checks that the table right below it is what it prints, line for line (``--write`` puts what it prints there);
-such a command that cannot be read (not in backticks), reads a folder not in this checkout, or has no table below
-it fails.
+It also reruns every quoted ``python scripts/cell_table.py ...`` and ``python scripts/comparison_table.py ...``
+command (the per-cell and verdict tables of a results README) and checks that the table right below it is what it
+prints, line for line (``--write`` puts what it prints there); such a command that cannot be read (not in
+backticks), reads a folder not in this checkout, or has no table below it fails.
 
 Each command ends ``same``, ``differs`` (the files named), ``failed`` (its one-line error), or ``not rerunnable``
 (it reads a path that is not in this checkout, such as a scratch folder of runs whose cells were never
@@ -37,12 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 import cell_table  # noqa: E402
+import comparison_table  # noqa: E402
 
 from bftrec.report import cli  # noqa: E402
 
 log = logging.getLogger("check_tables")
 COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
-CELL_TABLE = re.compile(r"`(python scripts/cell_table\.py [^`]*)`")  # a per-cell table a README quotes
+PRINTERS = {"cell_table": cell_table, "comparison_table": comparison_table}  # scripts whose tables READMEs quote
+CELL_TABLE = re.compile(r"`(python scripts/(?:cell_table|comparison_table)\.py [^`]*)`")  # a quoted table command
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads
 
@@ -62,15 +64,16 @@ def _markdown(root: Path) -> list[Path]:
     return [p for p in sources if p.is_file()]
 
 
-MENTION = re.compile(r"cell_table\.py[^\n`]*--runs")  # any cell_table command, quoted in backticks or not
+MENTION = re.compile(r"(?:cell_table|comparison_table)\.py[^\n`]*--(?:runs|tables)")  # any such command, quoted or not
 
 
-def recorded_cell_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]:
-    """``(markdown file, command, the table below it)`` for every quoted ``python scripts/cell_table.py`` command
-    (line breaks read as spaces), in file order. The table is the first run of lines starting with ``|`` after the
-    command and before the next heading or cell_table command; ``None`` where there is none. A cell_table command
-    written any other way (unquoted, in a code block, ``python3``) comes as ``(file, its text, None)`` with the
-    command prefixed ``UNREADABLE:``, so that it fails rather than going unchecked."""
+def recorded_quoted_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]:
+    """``(markdown file, command, the table below it)`` for every quoted ``python scripts/cell_table.py`` or
+    ``comparison_table.py`` command (line breaks read as spaces), in file order. The table is the first run of
+    lines starting with ``|`` after the command and before the next heading or table command; ``None`` where
+    there is none. A table command written any other way (unquoted, in a code block, ``python3``) comes as
+    ``(file, its text, None)`` with the command prefixed ``UNREADABLE:``, so that it fails rather than going
+    unchecked."""
     out = []
     for md in sorted(_markdown(root)):
         text = md.read_text(errors="replace")
@@ -103,28 +106,33 @@ def _rewrite_table(md: Path, command: str, old: list[str], new: list[str]) -> No
             return
 
 
-def check_cell_table(md: Path, command: str, committed: list[str] | None, write: bool = False) -> dict:
-    """Rerun one quoted ``cell_table.py`` command and compare what it prints with ``committed``, the table below
-    the command in ``md``: ``same`` when they are equal line for line, ``differs`` naming the cells whose row is
-    missing, changed or left over; ``failed`` with the reason for a command that cannot be read or run, a runs
-    folder that is not in this checkout (every quoted one is committed), or no table below the command. With
-    ``write``, a table that differs is replaced by what the command prints (``rewritten``)."""
+def check_quoted_table(md: Path, command: str, committed: list[str] | None, write: bool = False) -> dict:
+    """Rerun one quoted ``cell_table.py`` or ``comparison_table.py`` command and compare what it prints with
+    ``committed``, the table below the command in ``md``: ``same`` when they are equal line for line, ``differs``
+    naming the rows (first cell) missing, changed or left over; ``failed`` with the reason for a command that
+    cannot be read or run, a folder it reads that is not in this checkout (every quoted one is committed), or no
+    table below the command. With ``write``, a table that differs is replaced by what the command prints
+    (``rewritten``)."""
     label = f"{md}: {command}"
     if command.startswith("UNREADABLE:"):
-        return {"command": label, "result": "failed", "why": "a cell_table command written so that it cannot be "
-                "checked: quote it in backticks as `python scripts/cell_table.py --runs ...`"}
+        return {"command": label, "result": "failed", "why": "a table command written so that it cannot be "
+                "checked: quote it in backticks as `python scripts/<cell_table|comparison_table>.py ...`"}
     try:
-        args = cell_table.parser().parse_args(shlex.split(command)[2:])
+        argv = shlex.split(command)
     except ValueError as e:  # shlex: an unbalanced quote
         return {"command": label, "result": "failed", "why": f"the command does not split: {e}"}
+    printer = PRINTERS[Path(argv[1]).stem]
+    try:
+        args = printer.parser().parse_args(argv[2:])
     except SystemExit:  # argparse has named the bad argument on stderr
         return {"command": label, "result": "failed", "why": "its arguments do not parse (above)"}
-    if not args.runs.is_dir():
-        return {"command": label, "result": "failed", "why": f"reads {args.runs}, not in this checkout"}
+    missing = [str(p) for p in printer.inputs(args) if not p.exists()]
+    if missing:
+        return {"command": label, "result": "failed", "why": f"reads {', '.join(missing)}, not in this checkout"}
     if committed is None:
         return {"command": label, "result": "failed", "why": "no table below the command"}
     try:
-        rows = cell_table.table(args.runs, args.only).splitlines()
+        rows = printer.render(args).splitlines()
     except SystemExit as e:
         return {"command": label, "result": "failed", "why": str(e.code)}
     if rows == committed:
@@ -132,7 +140,8 @@ def check_cell_table(md: Path, command: str, committed: list[str] | None, write:
     if write:
         _rewrite_table(md, command, committed, rows)
         return {"command": label, "result": "rewritten"}
-    names = sorted({r.split(" | ")[0].lstrip("| ") for r in set(rows) ^ set(committed)})
+    names = sorted({" ".join(c.strip() for c in r.strip("|").split("|")[:printer.KEY_CELLS])
+                    for r in set(rows) ^ set(committed)})
     return {"command": label, "result": "differs", "files": names or ["the order of the rows"]}
 
 
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"check_tables: no results/ folder in {Path.cwd()}; run it from the repository root "
                          "(the recorded paths are relative to it)")
     commands = [c for c in recorded_commands(Path(".")) if args.only in c]
-    tables = [t for t in recorded_cell_tables(Path(".")) if args.only in t[1]]
+    tables = [t for t in recorded_quoted_tables(Path(".")) if args.only in t[1]]
     if not commands and not tables:
         raise SystemExit("check_tables: no quoted bftrec-report command writes under results/"
                          + (f" containing {args.only!r}" if args.only else ""))
@@ -206,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="check_tables_") as tmp:
         for command in commands:
             outcomes.append(check(command, Path(tmp), args.write))
-        outcomes += [check_cell_table(md, command, table, args.write) for md, command, table in tables]
+        outcomes += [check_quoted_table(md, command, table, args.write) for md, command, table in tables]
     for res in outcomes:
         log.info("%-14s %s%s", res["result"], res["command"],
                  f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")

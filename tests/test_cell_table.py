@@ -109,7 +109,7 @@ def test_check_tables_names_a_quoted_cell_table_whose_rows_moved(tmp_path, monke
     cmd = "python scripts/cell_table.py --runs results/g/runs --only 'toys/*'"
     made = ctab.table(runs.relative_to(tmp_path), ["toys/*"])
     readme = _readme(tmp_path, f"Per cell (`{cmd.replace(' --only', chr(10) + '--only')}`):\n\n{made}\n\nText.\n")
-    assert ct.recorded_cell_tables(tmp_path) == [(readme, cmd, made.splitlines())]  # a line break reads as a space
+    assert ct.recorded_quoted_tables(tmp_path) == [(readme, cmd, made.splitlines())]  # a line break reads as a space
     assert ct.main(["--json", "out.json"]) == 0
     assert json.loads((tmp_path / "out.json").read_text())["counts"] == {"same": 1}
 
@@ -141,5 +141,6 @@ def test_write_puts_the_printed_rows_below_the_command(tmp_path, monkeypatch):
     readme = _readme(tmp_path, f"Intro.\n\nPer cell (`{cmd}`):\n\n{old}\n\nAfter.\n")
     assert ct.main(["--only", "cell_table"]) == 1
     assert ct.main(["--only", "cell_table", "--write"]) == 0
-    assert readme.read_text() == f"Intro.\n\nPer cell (`{cmd}`):\n\n{ctab.table(runs.relative_to(tmp_path))}\n\nAfter.\n"
+    new = ctab.table(runs.relative_to(tmp_path))
+    assert readme.read_text() == f"Intro.\n\nPer cell (`{cmd}`):\n\n{new}\n\nAfter.\n"
     assert ct.main(["--only", "cell_table"]) == 0

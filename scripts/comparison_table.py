@@ -1,0 +1,189 @@
+"""A verdict table for a results README, printed from a ``bftrec-report tables`` folder: one row per (dataset,
+backbone), each layer against ``standard`` at the endpoints asked for.
+
+Reads ``<tables>/comparisons.csv`` (the gains and tests) and ``overall.csv`` (the HR@10 means) and prints
+
+    | dataset | backbone | seeds | HR@10 standard | HR@10 <layer> | gain (p_Holm) | Q0 gain (p_Holm) | ... | p_seeds |
+
+Each gain cell is the comparison's ``gain`` (the relative difference of the seed means) with its fixed-seeds
+Holm-adjusted Wilcoxon p (``p_holm_fixed_seeds``), **bold** below 0.05; ``(n/a: k hits)`` where the stratum's
+``standard`` cell has under 20 HR@10 hits (seed mean), so no test, and ``–`` for the gain where it has none. The
+last column gives the test over seeds (``p_seeds``, the seed as the unit: docs/DESIGN.md, statistics) of each gain
+column in the same order, which a claim rests on. ``--k`` adds the mean trained Kalman gain K on the rarest and
+most popular bins (``summary.csv``, its grouping named). p values: two significant digits (three where two would
+cross 0.05), ``1`` from 0.995, scientific below 0.001.
+``scripts/check_tables.py`` reruns every quoted ``python scripts/comparison_table.py ...`` command and checks
+that the table right below it is what it prints.
+
+Usage (from the repository root):
+    python scripts/comparison_table.py --tables results/paper_main/tables --layer bft --dataset sports \
+        --model sasrec --model bert4rec --model hstu --endpoint overall:HR@10 --endpoint Q0:HR@10 \
+        --endpoint cold:HR@10
+
+Errors (one line, exit 2): no ``comparisons.csv`` or ``overall.csv`` in ``--tables``; an endpoint not written
+``stratum:metric``; a dataset, backbone, layer or endpoint with no comparison there.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+NAMES = {"sasrec": "SASRec", "bert4rec": "BERT4Rec", "hstu": "HSTU", "gru4rec": "GRU4Rec", "ml-1m": "ML-1M",
+         "ml-100k": "ML-100k"}
+LABELS = {"overall": "gain", "Q0": "Q0 (rarest items) gain", "cold": "cold users gain", "warm": "warm users gain"}
+
+
+def name(key: str) -> str:
+    """The display name of a dataset or backbone (``ml-1m`` -> ``ML-1M``, ``beauty`` -> ``Beauty``)."""
+    return NAMES.get(key, key[:1].upper() + key[1:])
+
+
+def p_text(p: float) -> str:
+    """A p value as the READMEs print it: two significant digits (three where two would cross 0.05), ``1`` from
+    0.995, ``2.3e-4`` below 0.001."""
+    if p >= 0.995:
+        return "1"
+    if p < 1e-3:
+        mantissa, exp = f"{p:.1e}".split("e")
+        return f"{mantissa}e{int(exp)}"
+    for sig in (2, 3):  # three where two would cross 0.05
+        r = float(f"{p:.{sig}g}")
+        text = f"{r:.{sig - 1 - math.floor(math.log10(r))}f}"
+        if (r < 0.05) == (p < 0.05):
+            break
+    return text
+
+
+def gain_text(gain: float) -> str:
+    """``+1.4%`` / ``−2.8%`` (a true minus sign, as the prose); ``–`` where there is no gain (no baseline hit)."""
+    if gain is None or not math.isfinite(gain):
+        return "–"
+    text = f"{100 * gain:+.1f}%"
+    return text.replace("-", "−")
+
+
+def cell(row: pd.Series) -> str:
+    """One gain cell: ``+1.4% (0.42)``, bold below 0.05, or ``−12.5% (n/a: 16 hits)``."""
+    gain = gain_text(row["gain"])
+    if isinstance(row["test_note"], str) and row["test_note"].startswith("n/a"):
+        return f"{gain} (n/a: {row['baseline_hits']:.0f} hits)"
+    p = row["p_holm_fixed_seeds"]
+    if pd.isna(p):
+        return f"{gain} (–)"
+    text = f"{gain} ({p_text(p)})"
+    return f"**{text}**" if p < 0.05 else text
+
+
+def _mean(text) -> str:
+    """The mean of an ``overall.csv`` cell (``0.0942 ± 0.0019`` or ``0.0668 (1 seed)``)."""
+    return str(text).split(" ")[0]
+
+
+def _seeds(seed_gains: str) -> str:
+    """``0, 1, 2`` from ``comparisons.csv``'s ``0:+0.0123 1:-0.0040 2:+0.0301``."""
+    return ", ".join(part.split(":")[0] for part in str(seed_gains).split())
+
+
+def table(tables: Path, layer: str, datasets: list[str] | None = None, models: list[str] | None = None,
+          endpoints: list[str] | None = None, k: bool = False) -> str:
+    """The Markdown table (header included); see the module docstring. Raises SystemExit (one line) on bad
+    input."""
+    paths = {n: tables / f"{n}.csv" for n in ("comparisons", "overall", "summary")}
+    for n in ("comparisons", "overall") + (("summary",) if k else ()):
+        if not paths[n].is_file():
+            raise SystemExit(f"comparison_table: no {paths[n]}; give a bftrec-report tables folder (--tables)")
+    comp = pd.read_csv(paths["comparisons"])
+    comp["tag"] = comp["tag"].astype(object).where(comp["tag"].notna(), "")  # an untagged row reads ""
+    comp = comp[(comp["layer"] == layer) & (comp["tag"] == "")]
+    if comp.empty:
+        raise SystemExit(f"comparison_table: no untagged comparison of layer {layer!r} in {paths['comparisons']}")
+    ends = []
+    for e in endpoints or ["overall:HR@10", "Q0:HR@10", "cold:HR@10"]:
+        stratum, _, metric = e.partition(":")
+        if not metric:
+            raise SystemExit(f"comparison_table: --endpoint {e!r} is not stratum:metric, e.g. Q0:HR@10")
+        if not ((comp["stratum"] == stratum) & (comp["metric"] == metric)).any():
+            raise SystemExit(f"comparison_table: --endpoint {e!r}: no {stratum} {metric} comparison of {layer}")
+        ends.append((stratum, metric))
+    datasets = datasets or sorted(comp["dataset"].unique())
+    models = models or sorted(comp["model"].unique())
+    for what, keys, col in (("dataset", datasets, "dataset"), ("backbone", models, "model")):
+        for key in keys:
+            if key not in set(comp[col]):
+                raise SystemExit(f"comparison_table: no {layer} comparison for {what} {key!r} in "
+                                 f"{paths['comparisons']}")
+    overall = pd.read_csv(paths["overall"], keep_default_na=False).set_index(["dataset", "model", "tag"])
+    summary = pd.read_csv(paths["summary"], keep_default_na=False).set_index(["dataset", "model", "tag"]) if k else None
+    heads = [f"{'' if m == 'HR@10' else m + ' '}{LABELS.get(s, s + ' gain')} (p_Holm)" for s, m in ends]
+    lines = ["| dataset | backbone | seeds | HR@10 standard | HR@10 " + layer + " | " + " | ".join(heads)
+             + (" | K Q0 / Q4" if k else "") + " | p_seeds (same order) |",
+             "|---|---|---|---:|---:|" + "---|" * len(ends) + ("---|" if k else "") + "---|"]
+    for ds in datasets:
+        for model in models:
+            rows = comp[(comp["dataset"] == ds) & (comp["model"] == model)]
+            if rows.empty:
+                continue
+            got = [rows[(rows["stratum"] == s) & (rows["metric"] == m)].iloc[0] for s, m in ends]
+            o = overall.loc[(ds, model, "")]
+            cells = [name(ds), name(model), _seeds(got[0]["seed_gains"]), _mean(o["HR@10 standard"]),
+                     _mean(o[f"HR@10 {layer}"]), *(cell(r) for r in got)]
+            if k:
+                cells.append(_k_text(summary.loc[(ds, model, "")][f"K Q0 / Q4 {layer}"]))
+            cells.append(", ".join("n/a" if pd.isna(r["p_seeds"]) else p_text(r["p_seeds"]) for r in got))
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _k_text(text: str) -> str:
+    """``0.70 / 0.73 (by token)`` from ``summary.csv``'s ``0.6985 / 0.7260 (by token)``."""
+    parts = str(text).split(" ")
+    try:
+        return f"{float(parts[0]):.2f} / {float(parts[2]):.2f}" + (" " + " ".join(parts[3:]) if parts[3:] else "")
+    except (IndexError, ValueError):
+        return "–"
+
+
+KEY_CELLS = 2  # the leading cells that name a row (dataset and backbone), for check_tables' reports
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``scripts/check_tables.py`` parses quoted commands with it)."""
+    ap = argparse.ArgumentParser(prog="comparison_table.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--tables", type=Path, required=True, help="a bftrec-report tables folder")
+    ap.add_argument("--layer", required=True, help="the layer compared with standard (bft, bft_h)")
+    ap.add_argument("--dataset", action="append", help="a dataset, in row order; repeatable (default: all)")
+    ap.add_argument("--model", action="append", help="a backbone, in row order; repeatable (default: all)")
+    ap.add_argument("--endpoint", action="append", metavar="STRATUM:METRIC",
+                    help="a gain column, e.g. Q0:HR@10; repeatable (default: overall, Q0 and cold HR@10)")
+    ap.add_argument("--k", action="store_true", help="add the mean trained K on Q0 / Q4 (summary.csv)")
+    return ap
+
+
+def render(args: argparse.Namespace) -> str:
+    """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
+    return table(args.tables, args.layer, args.dataset, args.model, args.endpoint, args.k)
+
+
+def inputs(args: argparse.Namespace) -> list[Path]:
+    """The paths a command reads (``check_tables``: a command whose inputs are not in the checkout fails)."""
+    return [args.tables]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        sys.stdout.write(render(args) + "\n")
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
