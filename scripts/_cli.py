@@ -1,5 +1,6 @@
 """Argument types shared by the benches (``scripts/bench_*.py``): a bad number or device is refused by argparse
-in one line (``argument --steps: 0: give an integer >= 1``) before any timing starts, never a traceback after it."""
+in one line (``argument --steps: 0: give an integer >= 1``) before any timing starts, never a traceback after it;
+and ``print_table``, the ``main`` of the scripts that print a table a README quotes."""
 from __future__ import annotations
 
 import argparse
@@ -44,3 +45,19 @@ def device(text: str) -> str:
     if dev.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"{text}: this bench runs on cpu or cuda")
     return text
+
+
+def print_table(parser: argparse.ArgumentParser, render, argv: list[str] | None = None) -> int:
+    """The ``main`` of a script that prints a table a README quotes (``cell_table.py``, ``comparison_table.py``):
+    parse ``argv``, print ``render(args)``; a one-line ``SystemExit`` message goes to stderr with exit status 2."""
+    import sys
+
+    args = parser.parse_args(argv)
+    try:
+        sys.stdout.write(render(args) + "\n")
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+            return 2
+        raise
+    return 0

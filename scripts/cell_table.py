@@ -34,6 +34,7 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import print_table  # noqa: E402
 from collect_cells import DONE, read_ledger  # noqa: E402
 
 HEADER = ("| cell | commit | best epoch / run | valid NDCG@10 | test HR@10 | test NDCG@10 |",
@@ -164,15 +165,7 @@ def inputs(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        sys.stdout.write(render(args) + "\n")
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            sys.stderr.write(e.code + "\n")
-            return 2
-        raise
-    return 0
+    return print_table(parser(), render, argv)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import print_table  # noqa: E402
+
 NAMES = {"sasrec": "SASRec", "bert4rec": "BERT4Rec", "hstu": "HSTU", "gru4rec": "GRU4Rec", "ml-1m": "ML-1M",
          "ml-100k": "ML-100k"}
 LABELS = {"overall": "gain", "Q0": "Q0 (rarest items) gain", "cold": "cold users gain", "warm": "warm users gain"}
@@ -174,15 +177,7 @@ def inputs(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        sys.stdout.write(render(args) + "\n")
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            sys.stderr.write(e.code + "\n")
-            return 2
-        raise
-    return 0
+    return print_table(parser(), render, argv)
 
 
 if __name__ == "__main__":
