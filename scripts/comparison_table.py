@@ -20,8 +20,12 @@ Usage (from the repository root):
         --model sasrec --model bert4rec --model hstu --endpoint overall:HR@10 --endpoint Q0:HR@10 \
         --endpoint cold:HR@10
 
-Errors (one line, exit 2): no ``comparisons.csv`` or ``overall.csv`` in ``--tables``; an endpoint not written
-``stratum:metric``; a dataset, backbone, layer or endpoint with no comparison there.
+Untagged comparisons only. Where the layer's seeds are not the baseline's, each HR@10 mean names its seed count
+(the gain compares the seeds both have). Errors (one line, exit 2): no ``comparisons.csv`` or ``overall.csv`` (or,
+with ``--k``, ``summary.csv``) in ``--tables``; an endpoint not written ``stratum:metric``; a dataset, backbone,
+layer or endpoint with no comparison there; a (dataset, backbone) pair named by both ``--dataset`` and
+``--model`` with no comparison (unnamed, the pairs present are printed); a pair with none or several rows for an
+endpoint, or in ``overall.csv`` / ``summary.csv``; a column those lack.
 """
 from __future__ import annotations
 
@@ -46,17 +50,21 @@ def name(key: str) -> str:
 
 
 def p_text(p: float) -> str:
-    """A p value as the READMEs print it: two significant digits (three where two would cross 0.05), ``1`` from
-    0.995, ``2.3e-4`` below 0.001."""
+    """A p value as the READMEs print it: two significant digits (more where fewer would cross 0.05), ``1`` from
+    0.995, ``2.3e-4`` below 0.001, ``0`` for 0, ``–`` for none (NaN)."""
+    if p is None or not math.isfinite(p):
+        return "–"
     if p >= 0.995:
         return "1"
+    if p <= 0:
+        return "0"
     if p < 1e-3:
         mantissa, exp = f"{p:.1e}".split("e")
         return f"{mantissa}e{int(exp)}"
-    for sig in (2, 3):  # three where two would cross 0.05
+    for sig in range(2, 8):  # more digits where the printed value would read on the other side of 0.05
         r = float(f"{p:.{sig}g}")
-        text = f"{r:.{sig - 1 - math.floor(math.log10(r))}f}"
-        if (r < 0.05) == (p < 0.05):
+        text = f"{r:.{max(sig - 1 - math.floor(math.log10(r)), 0)}f}"
+        if (float(text) < 0.05) == (p < 0.05):
             break
     return text
 
@@ -72,8 +80,11 @@ def gain_text(gain: float) -> str:
 def cell(row: pd.Series) -> str:
     """One gain cell: ``+1.4% (0.42)``, bold below 0.05, or ``−12.5% (n/a: 16 hits)``."""
     gain = gain_text(row["gain"])
-    if isinstance(row["test_note"], str) and row["test_note"].startswith("n/a"):
-        return f"{gain} (n/a: {row['baseline_hits']:.0f} hits)"
+    note = row["test_note"]
+    if isinstance(note, str) and note.startswith("n/a"):
+        if "hits" in note:
+            return f"{gain} (n/a: {row['baseline_hits']:.0f} hits)"
+        return f"{gain} ({note.replace('(', '').replace(')', '').replace('n/a ', 'n/a: ')})"  # e.g. too few seeds
     p = row["p_holm_fixed_seeds"]
     if pd.isna(p):
         return f"{gain} (–)"
@@ -112,6 +123,7 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
         if not ((comp["stratum"] == stratum) & (comp["metric"] == metric)).any():
             raise SystemExit(f"comparison_table: --endpoint {e!r}: no {stratum} {metric} comparison of {layer}")
         ends.append((stratum, metric))
+    datasets_given, models_given = bool(datasets), bool(models)
     datasets = datasets or sorted(comp["dataset"].unique())
     models = models or sorted(comp["model"].unique())
     for what, keys, col in (("dataset", datasets, "dataset"), ("backbone", models, "model")):
@@ -119,8 +131,13 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
             if key not in set(comp[col]):
                 raise SystemExit(f"comparison_table: no {layer} comparison for {what} {key!r} in "
                                  f"{paths['comparisons']}")
-    overall = pd.read_csv(paths["overall"], keep_default_na=False).set_index(["dataset", "model", "tag"])
-    summary = pd.read_csv(paths["summary"], keep_default_na=False).set_index(["dataset", "model", "tag"]) if k else None
+    overall = _indexed(paths["overall"])
+    summary = _indexed(paths["summary"]) if k else None
+    for frame, col in ((overall, "HR@10 standard"), (overall, f"HR@10 {layer}"), (summary, f"K Q0 / Q4 {layer}")):
+        if frame is not None and col not in frame.columns:
+            raise SystemExit(f"comparison_table: no column {col!r} in {tables}; regenerate the tables (bftrec-report "
+                             "tables) or pick another --layer")
+    explicit = bool(datasets_given and models_given)
     heads = [f"{'' if m == 'HR@10' else m + ' '}{LABELS.get(s, s + ' gain')} (p_Holm)" for s, m in ends]
     lines = ["| dataset | backbone | seeds | HR@10 standard | HR@10 " + layer + " | " + " | ".join(heads)
              + (" | K Q0 / Q4" if k else "") + " | p_seeds (same order) |",
@@ -129,16 +146,47 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
         for model in models:
             rows = comp[(comp["dataset"] == ds) & (comp["model"] == model)]
             if rows.empty:
+                if explicit:  # asked for by name: a missing row is an error, not a shorter table
+                    raise SystemExit(f"comparison_table: no {layer} comparison of {ds}/{model} in "
+                                     f"{paths['comparisons']}; drop that --dataset or --model")
                 continue
-            got = [rows[(rows["stratum"] == s) & (rows["metric"] == m)].iloc[0] for s, m in ends]
-            o = overall.loc[(ds, model, "")]
-            cells = [name(ds), name(model), _seeds(got[0]["seed_gains"]), _mean(o["HR@10 standard"]),
-                     _mean(o[f"HR@10 {layer}"]), *(cell(r) for r in got)]
+            got = []
+            for stratum, metric in ends:
+                hit = rows[(rows["stratum"] == stratum) & (rows["metric"] == metric)]
+                if len(hit) != 1:
+                    raise SystemExit(f"comparison_table: {len(hit)} rows for {ds}/{model} {layer} {stratum} {metric} "
+                                     f"in {paths['comparisons']} (one expected); regenerate the tables")
+                got.append(hit.iloc[0])
+            o = _row(overall, (ds, model), paths["overall"])
+            std, lay = _mean(o["HR@10 standard"]), _mean(o[f"HR@10 {layer}"])
+            if got[0]["seeds"] != got[0]["baseline_seeds"]:  # the means cover more seeds than the gain compares
+                std += f" ({_n_seeds(got[0]['baseline_seeds'])})"
+                lay += f" ({_n_seeds(got[0]['seeds'])})"
+            cells = [name(ds), name(model), _seeds(got[0]["seed_gains"]), std, lay, *(cell(r) for r in got)]
             if k:
-                cells.append(_k_text(summary.loc[(ds, model, "")][f"K Q0 / Q4 {layer}"]))
+                cells.append(_k_text(_row(summary, (ds, model), paths["summary"])[f"K Q0 / Q4 {layer}"]))
             cells.append(", ".join("n/a" if pd.isna(r["p_seeds"]) else p_text(r["p_seeds"]) for r in got))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _n_seeds(n) -> str:
+    return f"{n:.0f} seed" + ("" if n == 1 else "s")
+
+
+def _indexed(path: Path) -> pd.DataFrame:
+    """A table of ``bftrec-report tables`` indexed by (dataset, model, tag), all as text."""
+    return pd.read_csv(path, keep_default_na=False, dtype=str).set_index(["dataset", "model", "tag"])
+
+
+def _row(frame: pd.DataFrame, key: tuple, path: Path) -> pd.Series:
+    """The untagged row of (dataset, model) in ``frame``; none or several is a one-line SystemExit."""
+    full = (*key, "")
+    n = int((frame.index == full).sum()) if len(frame) else 0
+    if n != 1:
+        raise SystemExit(f"comparison_table: {n} untagged rows for {key[0]}/{key[1]} in {path} (one expected); "
+                         "regenerate the tables")
+    return frame.loc[full]
 
 
 def _k_text(text: str) -> str:
