@@ -4,6 +4,7 @@ and ``print_table``, the ``main`` of the scripts that print a table a README quo
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def at_least(lo: int):
@@ -50,8 +51,6 @@ def device(text: str) -> str:
 def print_table(parser: argparse.ArgumentParser, render, argv: list[str] | None = None) -> int:
     """The ``main`` of a script that prints a table a README quotes (``cell_table.py``, ``comparison_table.py``):
     parse ``argv``, print ``render(args)``; a one-line ``SystemExit`` message goes to stderr with exit status 2."""
-    import sys
-
     args = parser.parse_args(argv)
     try:
         sys.stdout.write(render(args) + "\n")

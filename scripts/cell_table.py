@@ -60,7 +60,7 @@ def finished_cells(runs: Path) -> list[str]:
     for c in cells:
         if len(c.parts) not in (4, 5):
             raise SystemExit(f"cell_table: --runs {runs} holds {c}, not dataset/model/layer/[variant/]seedK below it; "
-                             "give the grid's runs folder (the one holding ledger.jsonl)")
+                             "give the runs folder whose subfolders are the datasets")
     return sorted((c.as_posix() for c in cells), key=_sort_key)
 
 
@@ -99,7 +99,7 @@ def row(runs: Path, cell: str, line: dict | None, wall_column: bool = True) -> s
     if where != (m.get("dataset"), m.get("model"), m.get("layer")):
         raise SystemExit(f"cell_table: {path} is a run of {m.get('dataset')}/{m.get('model')}/{m.get('layer')}, not "
                          f"of {'/'.join(where)}: --runs {runs} is a level too deep or too shallow (give the grid's "
-                         "runs folder, the one holding ledger.jsonl)")
+                         "runs folder, whose subfolders are the datasets)")
     nums = [_number(v, path, n) for v, n in ((best, "best_epoch"), (run, "epochs_run"), (valid, "valid NDCG@10"),
                                              (hr, "test HR@10"), (ndcg, "test NDCG@10"))]
     env_path = runs / cell / "env.json"
@@ -124,7 +124,7 @@ def row(runs: Path, cell: str, line: dict | None, wall_column: bool = True) -> s
 def table(runs: Path, only: list[str] | None = None) -> str:
     """The header and one row per finished cell of ``runs`` matching any of ``only`` (all when empty)."""
     if not runs.is_dir():
-        raise SystemExit(f"cell_table: no runs folder {runs}; give the folder holding ledger.jsonl and the cells")
+        raise SystemExit(f"cell_table: no runs folder {runs}; give the folder whose subfolders are the datasets")
     cells = finished_cells(runs)
     for pattern in only or []:
         if not any(fnmatch(c, pattern) for c in cells):
@@ -148,7 +148,8 @@ KEY_CELLS = 1  # the leading cells that name a row (the cell path), for check_ta
 def parser() -> argparse.ArgumentParser:
     """The command line (``scripts/check_tables.py`` parses quoted commands with it)."""
     ap = argparse.ArgumentParser(prog="cell_table.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=Path, required=True, help="a runs folder holding ledger.jsonl and the cells")
+    ap.add_argument("--runs", type=Path, required=True,
+                    help="a runs folder: its subfolders are the datasets (ledger.jsonl beside them, if any)")
     ap.add_argument("--only", action="append", metavar="PATTERN",
                     help="fnmatch pattern on dataset/model/layer/seedK; repeatable")
     return ap

@@ -12,12 +12,14 @@ Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
 It also reruns every quoted ``python scripts/cell_table.py ...`` and ``python scripts/comparison_table.py ...``
-command (the per-cell and verdict tables of a results README) and checks that the table right below it is what it
-prints, line for line (``--write`` puts what it prints there); such a command that cannot be read (not in
-backticks), reads a folder not in this checkout, or has no table below it fails.
+command (the per-cell and verdict tables of a results README) and checks that the table after it is what it prints,
+line for line: the table must start at the first non-blank line after the paragraph that quotes the command
+(``--write`` puts what it prints there). Such a command that cannot be read (not in backticks), reads a folder not
+in this checkout, or has no table there fails.
 
-Each command ends ``same``, ``differs`` (the files named), ``failed`` (its one-line error), or ``not rerunnable``
-(it reads a path that is not in this checkout, such as a scratch folder of runs whose cells were never
+Each command ends ``same``, ``differs`` (the files named; for a quoted table, the rows that moved, by their first
+cells), ``failed`` (its one-line error), ``rewritten`` (``--write``), or ``not rerunnable`` (a ``bftrec-report``
+command that reads a path not in this checkout, such as a scratch folder of runs whose cells were never
 committed, or a template such as ``results/paper_<grid>/runs``). Exit status 1 when any command differs or
 failed, else 0.
 """
@@ -44,7 +46,8 @@ from bftrec.report import cli  # noqa: E402
 log = logging.getLogger("check_tables")
 COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
 PRINTERS = {"cell_table": cell_table, "comparison_table": comparison_table}  # scripts whose tables READMEs quote
-CELL_TABLE = re.compile(r"`(python scripts/(?:cell_table|comparison_table)\.py [^`]*)`")  # a quoted table command
+TABLE_COMMAND = re.compile(r"`(python scripts/(?:cell_table|comparison_table)\.py [^`]*)`")  # a quoted table command
+MENTION = re.compile(r"(?:cell_table|comparison_table)\.py[^\n`]*--(?:runs|tables)")  # any such command, quoted or not
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads
 
@@ -64,34 +67,32 @@ def _markdown(root: Path) -> list[Path]:
     return [p for p in sources if p.is_file()]
 
 
-MENTION = re.compile(r"(?:cell_table|comparison_table)\.py[^\n`]*--(?:runs|tables)")  # any such command, quoted or not
-
-
 def recorded_quoted_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]:
     """``(markdown file, command, the table below it)`` for every quoted ``python scripts/cell_table.py`` or
     ``comparison_table.py`` command (line breaks read as spaces), in file order. The table is the first run of
-    lines starting with ``|`` after the command and before the next heading or table command; ``None`` where
-    there is none. A table command written any other way (unquoted, in a code block, ``python3``) comes as
-    ``(file, its text, None)`` with the command prefixed ``UNREADABLE:``, so that it fails rather than going
-    unchecked."""
+    lines starting with ``|`` that begins at the first non-blank line after the paragraph quoting the command;
+    ``None`` where none begins there. A table command written any other way (unquoted, in a code block,
+    ``python3``) comes as ``(file, its text, None)`` with the command prefixed ``UNREADABLE:``, so that it fails
+    rather than going unchecked."""
     out = []
     for md in sorted(_markdown(root)):
         text = md.read_text(errors="replace")
-        found = list(CELL_TABLE.finditer(text))
+        found = list(TABLE_COMMAND.finditer(text))
         spans = [(m.start(1), m.end(1)) for m in found]
         for m in MENTION.finditer(text):
             if not any(a <= m.start() < b for a, b in spans):
                 out.append((md, f"UNREADABLE: {m.group(0)}", None))
-        for i, m in enumerate(found):
-            stop = found[i + 1].start() if i + 1 < len(found) else len(text)
-            lines, table = text[m.end():stop].splitlines(), []
-            for line in lines[1:]:  # the command's own line is not the table
-                if line.startswith("#"):
-                    break
-                if line.startswith("|"):
-                    table.append(line)
-                elif table:
-                    break
+        for m in found:
+            rest = text[m.end():].split("\n")  # rest[0]: what follows the command on its own line
+            k = 1
+            while k < len(rest) and rest[k].strip():  # the rest of the paragraph that quotes the command
+                k += 1
+            while k < len(rest) and not rest[k].strip():
+                k += 1
+            table = []
+            while k < len(rest) and rest[k].startswith("|"):
+                table.append(rest[k])
+                k += 1
             out.append((md, " ".join(m.group(1).split()), table or None))
     return out
 
@@ -99,7 +100,7 @@ def recorded_quoted_tables(root: Path) -> list[tuple[Path, str, list[str] | None
 def _rewrite_table(md: Path, command: str, old: list[str], new: list[str]) -> None:
     """Put ``new`` in place of the table ``old`` right below the quoted ``command`` in ``md``."""
     text = md.read_text()
-    for m in CELL_TABLE.finditer(text):
+    for m in TABLE_COMMAND.finditer(text):
         if " ".join(m.group(1).split()) == command:
             at = text.index("\n".join(old), m.end())
             md.write_text(text[:at] + "\n".join(new) + text[at + len("\n".join(old)):])
@@ -125,12 +126,13 @@ def check_quoted_table(md: Path, command: str, committed: list[str] | None, writ
     try:
         args = printer.parser().parse_args(argv[2:])
     except SystemExit:  # argparse has named the bad argument on stderr
-        return {"command": label, "result": "failed", "why": "its arguments do not parse (above)"}
+        return {"command": label, "result": "failed", "why": "its arguments do not parse (argparse's message is on "
+                "stderr)"}
     missing = [str(p) for p in printer.inputs(args) if not p.exists()]
     if missing:
         return {"command": label, "result": "failed", "why": f"reads {', '.join(missing)}, not in this checkout"}
     if committed is None:
-        return {"command": label, "result": "failed", "why": "no table below the command"}
+        return {"command": label, "result": "failed", "why": "no table right after the paragraph quoting the command"}
     try:
         rows = printer.render(args).splitlines()
     except SystemExit as e:

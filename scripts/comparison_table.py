@@ -3,7 +3,8 @@ backbone), each layer against ``standard`` at the endpoints asked for.
 
 Reads ``<tables>/comparisons.csv`` (the gains and tests) and ``overall.csv`` (the HR@10 means) and prints
 
-    | dataset | backbone | seeds | HR@10 standard | HR@10 <layer> | gain (p_Holm) | Q0 gain (p_Holm) | ... | p_seeds |
+    | dataset | backbone | seeds | HR@10 standard | HR@10 <layer> | gain (p_Holm) | Q0 (rarest items) gain (p_Holm) |
+      ... | p_seeds (same order) |
 
 Each gain cell is the comparison's ``gain`` (the relative difference of the seed means) with its fixed-seeds
 Holm-adjusted Wilcoxon p (``p_holm_fixed_seeds``), **bold** below 0.05; ``(n/a: k hits)`` where the stratum's
@@ -11,7 +12,7 @@ Holm-adjusted Wilcoxon p (``p_holm_fixed_seeds``), **bold** below 0.05; ``(n/a: 
 last column gives the test over seeds (``p_seeds``, the seed as the unit: docs/DESIGN.md, statistics) of each gain
 column in the same order, which a claim rests on. ``--k`` adds the mean trained Kalman gain K on the rarest and
 most popular bins (``summary.csv``, its grouping named). p values: two significant digits (three where two would
-cross 0.05), ``1`` from 0.995, scientific below 0.001.
+cross 0.05; more where even three would), ``1`` from 0.995, scientific below 0.001.
 ``scripts/check_tables.py`` reruns every quoted ``python scripts/comparison_table.py ...`` command and checks
 that the table right below it is what it prints.
 
@@ -20,12 +21,14 @@ Usage (from the repository root):
         --model sasrec --model bert4rec --model hstu --endpoint overall:HR@10 --endpoint Q0:HR@10 \
         --endpoint cold:HR@10
 
-Untagged comparisons only. Where the layer's seeds are not the baseline's, each HR@10 mean names its seed count
-(the gain compares the seeds both have). Errors (one line, exit 2): no ``comparisons.csv`` or ``overall.csv`` (or,
-with ``--k``, ``summary.csv``) in ``--tables``; an endpoint not written ``stratum:metric``; a dataset, backbone,
-layer or endpoint with no comparison there; a (dataset, backbone) pair named by both ``--dataset`` and
-``--model`` with no comparison (unnamed, the pairs present are printed); a pair with none or several rows for an
-endpoint, or in ``overall.csv`` / ``summary.csv``; a column those lack.
+Untagged comparisons only. The HR@10 means are ``overall.csv``'s, over each layer's seeds; where a layer has other
+seeds than the gain compares (the seeds both layers have), its mean names its seed count.
+
+Errors (one line, exit 2): no ``comparisons.csv`` or ``overall.csv`` (or, with ``--k``, ``summary.csv``) in
+``--tables``; an endpoint not written ``stratum:metric``; a dataset, backbone, layer or endpoint with no comparison
+there; a (dataset, backbone) pair named by both ``--dataset`` and ``--model`` with no comparison (unnamed, the
+pairs present are printed); a pair with none or several rows for an endpoint, or in ``overall.csv`` /
+``summary.csv``; a column those lack.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def cell(row: pd.Series) -> str:
     note = row["test_note"]
     if isinstance(note, str) and note.startswith("n/a"):
         if "hits" in note:
-            return f"{gain} (n/a: {row['baseline_hits']:.0f} hits)"
+            return f"{gain} (n/a: {_hits(row['baseline_hits'])} hits)"
         return f"{gain} ({note.replace('(', '').replace(')', '').replace('n/a ', 'n/a: ')})"  # e.g. too few seeds
     p = row["p_holm_fixed_seeds"]
     if pd.isna(p):
@@ -158,11 +161,13 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
                                      f"in {paths['comparisons']} (one expected); regenerate the tables")
                 got.append(hit.iloc[0])
             o = _row(overall, (ds, model), paths["overall"])
-            std, lay = _mean(o["HR@10 standard"]), _mean(o[f"HR@10 {layer}"])
-            if got[0]["seeds"] != got[0]["baseline_seeds"]:  # the means cover more seeds than the gain compares
-                std += f" ({_n_seeds(got[0]['baseline_seeds'])})"
-                lay += f" ({_n_seeds(got[0]['seeds'])})"
-            cells = [name(ds), name(model), _seeds(got[0]["seed_gains"]), std, lay, *(cell(r) for r in got)]
+            compared = _seeds(got[0]["seed_gains"])
+            means = []
+            for lay_name in ("standard", layer):  # a mean over other seeds than the gain compares says so
+                n = _layer_seeds(o["seeds"], lay_name)
+                text = _mean(o[f"HR@10 {lay_name}"])
+                means.append(text if n is None or n == len(compared.split(", ")) else f"{text} ({_n_seeds(n)})")
+            cells = [name(ds), name(model), compared, *means, *(cell(r) for r in got)]
             if k:
                 cells.append(_k_text(_row(summary, (ds, model), paths["summary"])[f"K Q0 / Q4 {layer}"]))
             cells.append(", ".join("n/a" if pd.isna(r["p_seeds"]) else p_text(r["p_seeds"]) for r in got))
@@ -170,8 +175,26 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
     return "\n".join(lines)
 
 
-def _n_seeds(n) -> str:
-    return f"{n:.0f} seed" + ("" if n == 1 else "s")
+def _n_seeds(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
+def _layer_seeds(text: str, layer: str) -> int | None:
+    """A layer's seed count from ``overall.csv``'s ``seeds`` cell (``3`` for every layer, or ``standard 3, bft 1``);
+    None where the cell does not name it."""
+    text = str(text).strip()
+    if text.isdigit():
+        return int(text)
+    for part in text.split(","):
+        key, _, n = part.strip().rpartition(" ")
+        if key == layer and n.isdigit():
+            return int(n)
+    return None
+
+
+def _hits(hits: float) -> str:
+    """A seed-mean hit count: ``16``, or ``19.7`` (never rounded up to the 20 a test needs)."""
+    return f"{hits:.1f}".removesuffix(".0")
 
 
 def _indexed(path: Path) -> pd.DataFrame:

@@ -124,7 +124,10 @@ def test_check_tables_names_a_quoted_cell_table_whose_rows_moved(tmp_path, monke
     assert outcome(f"`{cmd}`\n\n{made}\n{stale}\n") == (1, "differs", ["toys/sasrec/bft/seed9"])  # a left-over row
     narrow = "python scripts/cell_table.py --runs results/g/runs --only 'toys/sasrec/standard/*'"
     assert outcome(f"`{narrow}`\n\n{made}\n") == (1, "differs", ["toys/sasrec/bft/seed0"])  # a row outside --only
-    assert outcome(f"`{cmd}`\n\n## Next\n\n{made}\n")[1:] == ("failed", "no table below the command")
+    no_table = ("failed", "no table right after the paragraph quoting the command")
+    assert outcome(f"`{cmd}`\n\n## Next\n\n{made}\n")[1:] == no_table
+    assert outcome(f"`{cmd}`\n\nA paragraph between.\n\n{made}\n")[1:] == no_table
+    assert outcome(f"`{cmd}`, and the paragraph\ngoes on.\n\n{made}\n")[1] == "same"
     assert outcome("`python scripts/cell_table.py --runs results/gone/runs`\n\n| x |\n")[1] == "failed"
     assert outcome("`python scripts/cell_table.py --runs results/g/runs --only 'toys/*`\n\n| x |\n")[1] == "failed"
     status, result, why = outcome(f"```\npython3 scripts/cell_table.py --runs results/g/runs\n```\n\n{made}\n")

@@ -59,15 +59,19 @@ def test_rows_in_the_order_asked_each_from_its_own_row(tmp_path):
 
 
 def test_other_notes_and_unequal_seeds_are_said(tmp_path):
+    # as bftrec-report tables writes a partial grid: bft at seed 0 only, compared on that seed (matched_seeds)
     extra = [_comparison("toys", "sasrec", s, 0.01, None, p_seeds=None, note="n/a (too few seeds)", seeds=1,
-                         base_seeds=3) for s in ("overall", "Q0", "cold")]
+                         base_seeds=1) for s in ("overall", "Q0")]
+    extra.append(_comparison("toys", "sasrec", "cold", 0.01, None, p_seeds=None, note="n/a (too few hits)",
+                             hits=19.67, seeds=1, base_seeds=1))
     t = _tables(tmp_path / "t", extra)
     o = pd.read_csv(t / "overall.csv", dtype=str)
-    o.loc[len(o)] = {"dataset": "toys", "model": "sasrec", "tag": "", "seeds": "3", "HR@10 standard": "0.1 ± 0.01",
-                     "HR@10 bft": "0.2 (1 seed)"}
+    o.loc[len(o)] = {"dataset": "toys", "model": "sasrec", "tag": "", "seeds": "standard 3, bft 1",
+                     "HR@10 standard": "0.1000 ± 0.0100", "HR@10 bft": "0.2000 (1 seed)"}
     o.to_csv(t / "overall.csv", index=False)
     (line,) = cmp.table(t, "bft", ["toys"], ["sasrec"]).splitlines()[2:]
-    assert line.startswith("| Toys | SASRec | 0 | 0.1 (3 seeds) | 0.2 (1 seed) | +1.0% (n/a: too few seeds) |")
+    assert line == ("| Toys | SASRec | 0 | 0.1000 (3 seeds) | 0.2000 | +1.0% (n/a: too few seeds) | "
+                    "+1.0% (n/a: too few seeds) | +1.0% (n/a: 19.7 hits) | n/a, n/a, n/a |")
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

@@ -80,3 +80,13 @@ def test_a_tagged_row_takes_the_untagged_counted_floor_and_the_note_gives_seed_r
     assert df.loc[("d", "long", "overall"), "HR@10 markov"] == "0.1000"
     assert df.loc[("d", "long", "overall"), "HR@10 sasrec"] == "0.2000"
     assert "seeds: markov 1, sasrec 1–2" in floor_note(groups)
+
+
+def test_no_counted_model_no_floor_and_the_row_takes_the_users_most_models_share():
+    assert floor_table({("d", "sasrec", "", "standard"): [_run(0.1)],
+                        ("d", "hstu", "", "standard"): [_run(0.2)]}).empty  # Transformers alone: no floor
+    odd = _run(0.05, params=0, q_hi=9)  # the counted model binned otherwise: the two trained ones set the row
+    df = floor_table({("d", "markov", "", "standard"): [odd], ("d", "sasrec", "", "standard"): [_run(0.1)],
+                      ("d", "hstu", "", "standard"): [_run(0.2)]}).set_index("stratum")
+    assert df.loc["Q0", "range"] == "0-4" and df.loc["Q0", "HR@10 markov"] == "0.0250 (bin 0-9)"
+    assert df.loc["Q0", "best HR@10"] == "hstu"

@@ -890,7 +890,7 @@ def test_runs_of_two_models_get_the_floor_table(runs, tmp_path):
     floor = (tmp_path / "t" / "floor.md").read_text()
     assert "best HR@10" in floor and "each model's `standard` layer" in floor
     row = pd.read_csv(tmp_path / "t" / "floor.csv", dtype=str).set_index("stratum").loc["overall"]
-    assert row["HR@10 pop"] == "0.0090"  # as written: the column of counted models comes first
+    assert row["HR@10 pop"] == "0.0090"  # as written, four decimals
     assert "| 0.0090 " in floor  # the markdown keeps the text (no number parsing: 0.009 would lose a digit)
     cols = list(row.index)
-    assert cols.index("HR@10 pop") < cols.index("HR@10 sasrec")
+    assert cols.index("HR@10 pop") < cols.index("HR@10 sasrec")  # the counted models' columns come first

@@ -10,8 +10,9 @@ a counted model has one seed, as the seed changes nothing). Columns: the counted
 ``runs.is_counted``), then the trained ones, each group by name. ``best HR@10`` names the model(s) with the
 highest mean as printed (ties: all), among the models with a value there, ``–`` where none has a hit. Where a
 model's stratum holds other users than the row's (another bin or user count: another protocol), its value names
-them (``0.0123 (bin 0-5)``) and is left out of ``best``. Written as ``floor.md`` and ``floor.csv`` when the runs
-hold the ``standard`` layer of more than one model.
+them (``0.0123 (bin 0-5)``) and is left out of ``best``; the row's users are those most models share (ties: the
+first in column order). Written as ``floor.md`` and ``floor.csv`` when the runs hold the ``standard`` layer of a
+counted model and of at least one other model (a table of Transformers alone has no floor: ``overall`` has it).
 """
 from __future__ import annotations
 
@@ -56,20 +57,22 @@ def floor_table(groups: dict) -> pd.DataFrame:
     """One row per (dataset, tag, stratum); per metric one column per model (mean over the seeds of its
     ``standard`` cell, 4 decimals, ``–`` where the model has no cell or no value; a value on other users than the
     row's, another bin or another user count, names them), and ``best HR@10`` over the printed values on the
-    row's own users (ties: all). The strata are the union over the models. Returns an empty frame with fewer than
-    two models."""
+    row's own users (ties: all). The strata are the union over the models; a row's users are those most models
+    share. Returns an empty frame with fewer than
+    two models or without a counted one."""
     models = floor_models(groups)
-    if len(models) < 2:
+    counted = {k[1] for k, rs in groups.items() if k[3] == STANDARD and is_counted(rs[0])}
+    if len(models) < 2 or not counted:
         return pd.DataFrame()
     rows = []
     for ds, tag in sorted({(k[0], k[2]) for k in groups if k[3] == STANDARD}):
         present = _cells(groups, ds, tag, models)
-        strata = {}  # name -> (range, users) of the first model that has it
+        seen = {}  # name -> [(range, users) of each model that has it, in column order]
         for rs in present.values():
             for name, where, rng in strata_of(rs[0]):
-                strata.setdefault(name, (rng, stratum_value(rs[0], where, "n_users")))
-        for name in sorted(strata, key=_order):
-            rng, users = strata[name]
+                seen.setdefault(name, []).append((rng, stratum_value(rs[0], where, "n_users")))
+        for name in sorted(seen, key=_order):
+            rng, users = max(seen[name], key=seen[name].count)  # most models' users; ties: the first
             row = {"dataset": ds, "tag": tag, "stratum": name, "range": rng, "users": users}
             best = {}
             for metric in METRICS:

@@ -25,7 +25,8 @@ config (an older run) counts as the key's current default (``default_config``), 
 rules of ``normalise_config``.
 
 Writes ``overall``, ``strata``, ``mechanism`` and ``summary`` tables as markdown and csv (and, where the runs hold
-more than one model, ``floor``: every model's standard layer side by side by stratum, ``bftrec.report.floor``), and
+a counted model beside others, ``floor``: every model's standard layer side by side by stratum,
+``bftrec.report.floor``), and
 ``comparisons.csv`` (one numeric row per comparison, metric and stratum). A cell groups runs by
 (dataset, model, tag, layer); values are mean ± std over seeds. EVERY non-standard layer is compared
 with the standard layer of the same (dataset, model) and tag, else the untagged one, side by side in
