@@ -13,8 +13,10 @@ last column gives the test over seeds (``p_seeds``, the seed as the unit: docs/D
 column in the same order, which a claim rests on. ``--k`` adds the mean trained Kalman gain K on the rarest and
 most popular bins (``summary.csv``, its grouping named). p values: two significant digits (three where two would
 cross 0.05; more where even three would), ``1`` from 0.995, scientific below 0.001.
-``scripts/check_tables.py`` reruns every quoted ``python scripts/comparison_table.py ...`` command and checks
-that the table right below it is what it prints.
+``--by-endpoint`` prints one pair instead, one row per endpoint, in the seed unit: the mean of the per-seed gains,
+each seed's gain, the 95% interval, ``p_seeds``, ``p_holm_seeds`` and the gain the test detects at power 0.8 (the
+replication and equal-budget READMEs). ``scripts/check_tables.py`` reruns every quoted
+``python scripts/comparison_table.py ...`` command and checks that the table right after it is what it prints.
 
 Usage (from the repository root):
     python scripts/comparison_table.py --tables results/paper_main/tables --layer bft --dataset sports \
@@ -44,7 +46,7 @@ from _cli import print_table  # noqa: E402
 
 NAMES = {"sasrec": "SASRec", "bert4rec": "BERT4Rec", "hstu": "HSTU", "gru4rec": "GRU4Rec", "ml-1m": "ML-1M",
          "ml-100k": "ML-100k"}
-LABELS = {"overall": "gain", "Q0": "Q0 (rarest items) gain", "cold": "cold users gain", "warm": "warm users gain"}
+STRATA = {"overall": "overall", "Q0": "Q0 (rarest items)", "cold": "cold users", "warm": "warm users"}
 
 
 def name(key: str) -> str:
@@ -105,19 +107,17 @@ def _seeds(seed_gains: str) -> str:
     return ", ".join(part.split(":")[0] for part in str(seed_gains).split())
 
 
-def table(tables: Path, layer: str, datasets: list[str] | None = None, models: list[str] | None = None,
-          endpoints: list[str] | None = None, k: bool = False) -> str:
-    """The Markdown table (header included); see the module docstring. Raises SystemExit (one line) on bad
-    input."""
-    paths = {n: tables / f"{n}.csv" for n in ("comparisons", "overall", "summary")}
-    for n in ("comparisons", "overall") + (("summary",) if k else ()):
-        if not paths[n].is_file():
-            raise SystemExit(f"comparison_table: no {paths[n]}; give a bftrec-report tables folder (--tables)")
-    comp = pd.read_csv(paths["comparisons"])
+def _comparisons(tables: Path, layer: str, endpoints: list[str] | None) -> tuple[pd.DataFrame, list[tuple]]:
+    """``comparisons.csv``'s untagged rows of ``layer`` and the (stratum, metric) endpoints asked for (default:
+    overall, Q0 and cold HR@10), each checked; a one-line SystemExit otherwise."""
+    path = tables / "comparisons.csv"
+    if not path.is_file():
+        raise SystemExit(f"comparison_table: no {path}; give a bftrec-report tables folder (--tables)")
+    comp = pd.read_csv(path)
     comp["tag"] = comp["tag"].astype(object).where(comp["tag"].notna(), "")  # an untagged row reads ""
     comp = comp[(comp["layer"] == layer) & (comp["tag"] == "")]
     if comp.empty:
-        raise SystemExit(f"comparison_table: no untagged comparison of layer {layer!r} in {paths['comparisons']}")
+        raise SystemExit(f"comparison_table: no untagged comparison of layer {layer!r} in {path}")
     ends = []
     for e in endpoints or ["overall:HR@10", "Q0:HR@10", "cold:HR@10"]:
         stratum, _, metric = e.partition(":")
@@ -126,6 +126,27 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
         if not ((comp["stratum"] == stratum) & (comp["metric"] == metric)).any():
             raise SystemExit(f"comparison_table: --endpoint {e!r}: no {stratum} {metric} comparison of {layer}")
         ends.append((stratum, metric))
+    return comp, ends
+
+
+def _one(rows: pd.DataFrame, ds: str, model: str, layer: str, stratum: str, metric: str, tables: Path) -> pd.Series:
+    """The one comparison row of an endpoint; none or several is a one-line SystemExit."""
+    hit = rows[(rows["stratum"] == stratum) & (rows["metric"] == metric)]
+    if len(hit) != 1:
+        raise SystemExit(f"comparison_table: {len(hit)} rows for {ds}/{model} {layer} {stratum} {metric} in "
+                         f"{tables / 'comparisons.csv'} (one expected); regenerate the tables")
+    return hit.iloc[0]
+
+
+def table(tables: Path, layer: str, datasets: list[str] | None = None, models: list[str] | None = None,
+          endpoints: list[str] | None = None, k: bool = False) -> str:
+    """The Markdown table (header included); see the module docstring. Raises SystemExit (one line) on bad
+    input."""
+    paths = {n: tables / f"{n}.csv" for n in ("comparisons", "overall", "summary")}
+    comp, ends = _comparisons(tables, layer, endpoints)
+    for n in ("overall",) + (("summary",) if k else ()):
+        if not paths[n].is_file():
+            raise SystemExit(f"comparison_table: no {paths[n]}; give a bftrec-report tables folder (--tables)")
     datasets_given, models_given = bool(datasets), bool(models)
     datasets = datasets or sorted(comp["dataset"].unique())
     models = models or sorted(comp["model"].unique())
@@ -141,7 +162,8 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
             raise SystemExit(f"comparison_table: no column {col!r} in {tables}; regenerate the tables (bftrec-report "
                              "tables) or pick another --layer")
     explicit = bool(datasets_given and models_given)
-    heads = [f"{'' if m == 'HR@10' else m + ' '}{LABELS.get(s, s + ' gain')} (p_Holm)" for s, m in ends]
+    heads = [f"{'' if m == 'HR@10' else m + ' '}{'' if s == 'overall' else STRATA.get(s, s) + ' '}gain (p_Holm)"
+             for s, m in ends]
     lines = ["| dataset | backbone | seeds | HR@10 standard | HR@10 " + layer + " | " + " | ".join(heads)
              + (" | K Q0 / Q4" if k else "") + " | p_seeds (same order) |",
              "|---|---|---|---:|---:|" + "---|" * len(ends) + ("---|" if k else "") + "---|"]
@@ -153,13 +175,7 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
                     raise SystemExit(f"comparison_table: no {layer} comparison of {ds}/{model} in "
                                      f"{paths['comparisons']}; drop that --dataset or --model")
                 continue
-            got = []
-            for stratum, metric in ends:
-                hit = rows[(rows["stratum"] == stratum) & (rows["metric"] == metric)]
-                if len(hit) != 1:
-                    raise SystemExit(f"comparison_table: {len(hit)} rows for {ds}/{model} {layer} {stratum} {metric} "
-                                     f"in {paths['comparisons']} (one expected); regenerate the tables")
-                got.append(hit.iloc[0])
+            got = [_one(rows, ds, model, layer, stratum, metric, tables) for stratum, metric in ends]
             o = _row(overall, (ds, model), paths["overall"])
             compared = _seeds(got[0]["seed_gains"])
             means = []
@@ -173,6 +189,40 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
             cells.append(", ".join("n/a" if pd.isna(r["p_seeds"]) else p_text(r["p_seeds"]) for r in got))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def endpoint_table(tables: Path, layer: str, dataset: str, model: str, endpoints: list[str] | None = None) -> str:
+    """One (dataset, backbone) pair, one row per endpoint, in the seed unit (``--by-endpoint``): the mean of the
+    per-seed gains, each seed's gain (two decimals: as stored), the 95% interval (seeds, then users, resampled),
+    ``p_seeds``, ``p_holm_seeds`` (Holm over the pre-registered endpoints; ``–`` for an exploratory row) and the
+    gain the test detects at power 0.8. A row without a test gives its gain and the reason."""
+    comp, ends = _comparisons(tables, layer, endpoints)
+    rows = comp[(comp["dataset"] == dataset) & (comp["model"] == model)]
+    if rows.empty:
+        raise SystemExit(f"comparison_table: no {layer} comparison of {dataset}/{model} in "
+                         f"{tables / 'comparisons.csv'}")
+    lines = ["| endpoint | gain (mean of per-seed gains) | per seed | 95% CI | p_seeds | p_Holm (seeds) | "
+             "detectable (power 0.8) |", "|---|---|---|---|---|---|---|"]
+    for stratum, metric in ends:
+        r = _one(rows, dataset, model, layer, stratum, metric, tables)
+        label = f"{STRATA.get(stratum, stratum)} {metric}"
+        note = r["test_note"]
+        if isinstance(note, str) and note.startswith("n/a"):
+            lines.append(f"| {label} | {gain_text(r['gain_seeds'])}, {note} | | | | | |")
+            continue
+        seeds = ", ".join(_seed_gain(part) for part in str(r["seed_gains"]).split())
+        ci = f"[{gain_text(r['ci_lo_seeds'])}, {gain_text(r['ci_hi_seeds'])}]"
+        mde = gain_text(r["mde_seeds"]).lstrip("+")
+        lines.append(f"| {label} | {gain_text(r['gain_seeds'])} | {seeds} | {ci} | {p_text(r['p_seeds'])} | "
+                     f"{p_text(r['p_holm_seeds'])} | {mde} |")
+    return "\n".join(lines)
+
+
+def _seed_gain(part: str) -> str:
+    """``+4.05%`` from ``comparisons.csv``'s ``7:+0.0405``: at the precision it is stored in (two decimals of a
+    percent), since rounding it again to one decimal could land on the wrong side (0.040516 stored as 0.0405)."""
+    value = float(part.split(":")[1])
+    return "–" if not math.isfinite(value) else f"{100 * value:+.2f}%".replace("-", "−")
 
 
 def _n_seeds(n: int) -> str:
@@ -234,11 +284,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--endpoint", action="append", metavar="STRATUM:METRIC",
                     help="a gain column, e.g. Q0:HR@10; repeatable (default: overall, Q0 and cold HR@10)")
     ap.add_argument("--k", action="store_true", help="add the mean trained K on Q0 / Q4 (summary.csv)")
+    ap.add_argument("--by-endpoint", action="store_true",
+                    help="one pair (one --dataset, one --model), one row per endpoint, in the seed unit")
     return ap
 
 
 def render(args: argparse.Namespace) -> str:
     """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
+    if args.by_endpoint:
+        if len(args.dataset or []) != 1 or len(args.model or []) != 1 or args.k:
+            raise SystemExit("comparison_table: --by-endpoint takes one --dataset and one --model (and no --k)")
+        return endpoint_table(args.tables, args.layer, args.dataset[0], args.model[0], args.endpoint)
     return table(args.tables, args.layer, args.dataset, args.model, args.endpoint, args.k)
 
 

@@ -121,3 +121,18 @@ def test_check_tables_reruns_a_quoted_verdict_table(tmp_path, monkeypatch):
     assert res["result"] == "differs" and res["files"] == ["Beauty SASRec"]
     readme.write_text(f"On Beauty, unquoted: python scripts/comparison_table.py --tables results/g/tables\n\n{table}\n")
     assert ct.main(["--json", "out.json"]) == 1  # a command the check cannot read fails, not passes
+
+
+def test_by_endpoint_is_the_seed_unit_view_of_one_pair(tmp_path, capsys):
+    t = _tables(tmp_path / "t")
+    c = pd.read_csv(t / "comparisons.csv")
+    c["gain_seeds"], c["ci_lo_seeds"], c["ci_hi_seeds"], c["mde_seeds"] = c["gain"] * 1.1, -0.034, 0.043, 0.0432
+    c["p_holm_seeds"] = c["p_seeds"] * 2
+    c["seed_gains"] = "3:+0.0405 4:-0.0126 5:+0.1098"  # stored to 4 decimals: printed as stored, never re-rounded
+    c.to_csv(t / "comparisons.csv", index=False)
+    lines = cmp.endpoint_table(t, "bft", "beauty", "hstu", ["Q0:HR@10", "cold:HR@10"])
+    assert lines.splitlines()[2:] == [
+        "| Q0 (rarest items) HR@10 | −22.0% | +4.05%, −1.26%, +10.98% | [−3.4%, +4.3%] | 0.44 | 0.88 | 4.3% |",
+        "| cold users HR@10 | +2.2%, n/a (too few hits) | | | | | |"]
+    assert cmp.main(["--tables", str(t), "--layer", "bft", "--by-endpoint", "--dataset", "beauty"]) == 2
+    assert "--by-endpoint takes one --dataset and one --model" in capsys.readouterr().err
