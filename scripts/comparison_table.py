@@ -41,8 +41,10 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # scripts/, repo
 from _cli import print_table  # noqa: E402
+
+from bftrec.report.sweep import parse_seed_gains  # noqa: E402
 
 NAMES = {"sasrec": "SASRec", "bert4rec": "BERT4Rec", "hstu": "HSTU", "gru4rec": "GRU4Rec", "ml-1m": "ML-1M",
          "ml-100k": "ML-100k"}
@@ -100,11 +102,6 @@ def cell(row: pd.Series) -> str:
 def _mean(text) -> str:
     """The mean of an ``overall.csv`` cell (``0.0942 ± 0.0019`` or ``0.0668 (1 seed)``)."""
     return str(text).split(" ")[0]
-
-
-def _seeds(seed_gains: str) -> str:
-    """``0, 1, 2`` from ``comparisons.csv``'s ``0:+0.0123 1:-0.0040 2:+0.0301``."""
-    return ", ".join(part.split(":")[0] for part in str(seed_gains).split())
 
 
 def _comparisons(tables: Path, layer: str, endpoints: list[str] | None) -> tuple[pd.DataFrame, list[tuple]]:
@@ -177,13 +174,13 @@ def table(tables: Path, layer: str, datasets: list[str] | None = None, models: l
                 continue
             got = [_one(rows, ds, model, layer, stratum, metric, tables) for stratum, metric in ends]
             o = _row(overall, (ds, model), paths["overall"])
-            compared = _seeds(got[0]["seed_gains"])
+            compared = parse_seed_gains(got[0]["seed_gains"], keep_nan=True)  # seed -> gain, every seed compared
             means = []
             for lay_name in ("standard", layer):  # a mean over other seeds than the gain compares says so
                 n = _layer_seeds(o["seeds"], lay_name)
                 text = _mean(o[f"HR@10 {lay_name}"])
-                means.append(text if n is None or n == len(compared.split(", ")) else f"{text} ({_n_seeds(n)})")
-            cells = [name(ds), name(model), compared, *means, *(cell(r) for r in got)]
+                means.append(text if n is None or n == len(compared) else f"{text} ({_n_seeds(n)})")
+            cells = [name(ds), name(model), ", ".join(map(str, compared)), *means, *(cell(r) for r in got)]
             if k:
                 cells.append(_k_text(_row(summary, (ds, model), paths["summary"])[f"K Q0 / Q4 {layer}"]))
             cells.append(", ".join("n/a" if pd.isna(r["p_seeds"]) else p_text(r["p_seeds"]) for r in got))
@@ -210,7 +207,7 @@ def endpoint_table(tables: Path, layer: str, dataset: str, model: str, endpoints
         if isinstance(note, str) and note.startswith("n/a"):
             lines.append(f"| {label} | {gain_text(r['gain_seeds'])}, {note} | | | | | |")
             continue
-        seeds = ", ".join(_seed_gain(part) for part in str(r["seed_gains"]).split())
+        seeds = ", ".join(map(_seed_gain, parse_seed_gains(r["seed_gains"], keep_nan=True).values()))
         ci = f"[{gain_text(r['ci_lo_seeds'])}, {gain_text(r['ci_hi_seeds'])}]"
         mde = gain_text(r["mde_seeds"]).lstrip("+")
         lines.append(f"| {label} | {gain_text(r['gain_seeds'])} | {seeds} | {ci} | {p_text(r['p_seeds'])} | "
@@ -218,10 +215,9 @@ def endpoint_table(tables: Path, layer: str, dataset: str, model: str, endpoints
     return "\n".join(lines)
 
 
-def _seed_gain(part: str) -> str:
+def _seed_gain(value: float) -> str:
     """``+4.05%`` from ``comparisons.csv``'s ``7:+0.0405``: at the precision it is stored in (two decimals of a
     percent), since rounding it again to one decimal could land on the wrong side (0.040516 stored as 0.0405)."""
-    value = float(part.split(":")[1])
     return "–" if not math.isfinite(value) else f"{100 * value:+.2f}%".replace("-", "−")
 
 

@@ -26,10 +26,15 @@ from bftrec.report.runs import STANDARD, is_counted, strata_of, stratum_value
 METRICS = ("HR@10", "NDCG@10")
 
 
+def _counted(groups: dict) -> dict[str, bool]:
+    """Each model with a ``standard`` cell in ``groups`` (``runs.cells``' {(dataset, model, tag, layer): [run, …]}):
+    whether it is counted (``runs.is_counted``)."""
+    return {k[1]: is_counted(rs[0]) for k, rs in groups.items() if k[3] == STANDARD}
+
+
 def floor_models(groups: dict) -> list[str]:
-    """The models with a ``standard`` cell in ``groups`` (``runs.cells``' {(dataset, model, tag, layer): [run, …]}),
-    counted ones first, then trained ones, each by name."""
-    counted = {k[1]: is_counted(rs[0]) for k, rs in groups.items() if k[3] == STANDARD}
+    """The models with a ``standard`` cell in ``groups``, counted ones first, then trained ones, each by name."""
+    counted = _counted(groups)
     return sorted(counted, key=lambda m: (not counted[m], m))
 
 
@@ -61,23 +66,23 @@ def floor_table(groups: dict) -> pd.DataFrame:
     share. Returns an empty frame with fewer than
     two models or without a counted one."""
     models = floor_models(groups)
-    counted = {k[1] for k, rs in groups.items() if k[3] == STANDARD and is_counted(rs[0])}
-    if len(models) < 2 or not counted:
+    if len(models) < 2 or not any(_counted(groups).values()):
         return pd.DataFrame()
     rows = []
     for ds, tag in sorted({(k[0], k[2]) for k in groups if k[3] == STANDARD}):
         present = _cells(groups, ds, tag, models)
+        own = {m: {n: (w, r) for n, w, r in strata_of(rs[0])} for m, rs in present.items()}  # name -> (where, range)
         seen = {}  # name -> [(range, users) of each model that has it, in column order]
-        for rs in present.values():
-            for name, where, rng in strata_of(rs[0]):
-                seen.setdefault(name, []).append((rng, stratum_value(rs[0], where, "n_users")))
+        for m, strata in own.items():
+            for name, (where, rng) in strata.items():
+                seen.setdefault(name, []).append((rng, stratum_value(present[m][0], where, "n_users")))
         for name in sorted(seen, key=_order):
             rng, users = max(seen[name], key=seen[name].count)  # most models' users; ties: the first
             row = {"dataset": ds, "tag": tag, "stratum": name, "range": rng, "users": users}
             best = {}
             for metric in METRICS:
                 for m in models:
-                    row[f"{metric} {m}"], mean = _value(present.get(m), name, (rng, users), metric)
+                    row[f"{metric} {m}"], mean = _value(present.get(m), own.get(m, {}), name, (rng, users), metric)
                     if metric == "HR@10" and mean is not None:
                         best[m] = round(mean, 4)  # as printed: a tie on the page is a tie here
             top = max(best.values(), default=0.0)
@@ -86,13 +91,11 @@ def floor_table(groups: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _value(runs: list[dict] | None, name: str, ref: tuple, metric: str) -> tuple[str, float | None]:
-    """(cell text, mean or None) of ``metric`` on the stratum ``name`` in ``runs``. ``ref``: the row's (range,
-    users); where the model's differ, the text names its own and the mean is None (not comparable for best)."""
-    if not runs:
-        return "–", None
-    own = {n: (w, r) for n, w, r in strata_of(runs[0])}
-    if name not in own:
+def _value(runs: list[dict] | None, own: dict, name: str, ref: tuple, metric: str) -> tuple[str, float | None]:
+    """(cell text, mean or None) of ``metric`` on the stratum ``name`` in ``runs``, whose strata are ``own`` (name
+    -> (where, range), from ``strata_of``). ``ref``: the row's (range, users); where the model's differ, the text
+    names its own and the mean is None (not comparable for best)."""
+    if not runs or name not in own:
         return "–", None
     where, rng = own[name]
     mean = _mean([stratum_value(r, where, metric) for r in runs])

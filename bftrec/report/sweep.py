@@ -61,12 +61,13 @@ def sweep_rows(comp: pd.DataFrame, key: str, metric: str = "HR@10") -> pd.DataFr
     return mine.reindex(columns=COLUMNS).reset_index(drop=True)
 
 
-def parse_seed_gains(text) -> dict[int, float]:
-    """``"0:+0.0182 1:nan"`` (a ``comparisons.csv`` ``seed_gains`` cell) -> ``{0: 0.0182}`` (nan dropped)."""
+def parse_seed_gains(text, keep_nan: bool = False) -> dict[int, float]:
+    """``"0:+0.0182 1:nan"`` (a ``comparisons.csv`` ``seed_gains`` cell) -> ``{0: 0.0182}`` (nan dropped; kept as
+    ``nan`` with ``keep_nan``, for a table that lists every seed compared), in the cell's order."""
     out = {}
     for part in ("" if pd.isna(text) else str(text)).split():
         seed, _, gain = part.partition(":")
-        if gain and gain != "nan":
+        if gain and (keep_nan or gain != "nan"):
             out[int(seed)] = float(gain)
     return out
 
