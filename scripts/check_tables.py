@@ -16,7 +16,9 @@ It also reruns every quoted ``python scripts/cell_table.py ...``, ``python scrip
 README's verdict on the paper) and checks that the table after it is what it prints,
 line for line: the table must start at the first non-blank line after the paragraph that quotes the command
 (``--write`` puts what it prints there). Such a command that cannot be read (not in backticks), reads a folder not
-in this checkout, or has no table there fails.
+in this checkout, or has no table there fails. Last, it checks the hand-written run rows of every table (a row
+naming a committed run folder in its first cell: ``scripts/check_run_rows.py``) against the runs' ``metrics.json``;
+those are reported, never rewritten.
 
 Each command ends ``same``, ``differs`` (the files named; for a quoted table, the rows that moved, by their first
 cells), ``failed`` (its one-line error), ``rewritten`` (``--write``), or ``not rerunnable`` (a ``bftrec-report``
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 import cell_table  # noqa: E402
+import check_run_rows  # noqa: E402
 import comparison_table  # noqa: E402
 import verdict_table  # noqa: E402
 
@@ -203,7 +206,7 @@ def check(command: str, scratch: Path, write: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="", help="check only commands containing this text")
+    ap.add_argument("--only", default="", help="check only commands containing this text (run rows: Markdown paths)")
     ap.add_argument("--write", action="store_true", help="rerun the commands in place instead of comparing")
     ap.add_argument("--json", type=Path, help="also write the outcomes here")
     args = ap.parse_args(argv)
@@ -213,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(the recorded paths are relative to it)")
     commands = [c for c in recorded_commands(Path(".")) if args.only in c]
     tables = [t for t in recorded_quoted_tables(Path(".")) if args.only in t[1]]
-    if not commands and not tables:
+    run_rows = check_run_rows.check_all(Path("."), args.only)  # hand-written run rows (reported, never rewritten)
+    if not commands and not tables and not run_rows:
         raise SystemExit("check_tables: no quoted bftrec-report command writes under results/"
                          + (f" containing {args.only!r}" if args.only else ""))
     outcomes = []
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         for command in commands:
             outcomes.append(check(command, Path(tmp), args.write))
         outcomes += [check_quoted_table(md, command, table, args.write) for md, command, table in tables]
+    outcomes += run_rows
     for res in outcomes:
         log.info("%-14s %s%s", res["result"], res["command"],
                  f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")

@@ -1,0 +1,69 @@
+"""scripts/check_run_rows.py: the hand-written run rows of the results READMEs against their runs' metrics.json."""
+import json
+
+from tests.scripts import load_script
+
+rr = load_script("check_run_rows")
+ct = load_script("check_tables")
+
+METRICS = {"best_epoch": 32, "epochs_run": 42, "valid": {"NDCG@10": 0.07041, "HR@10": 0.1}, "test": {"overall": {
+    "HR@10": 0.09466, "NDCG@10": 0.05694, "MRR": 0.04}}}
+HEAD = "| windows | valid NDCG@10 | test HR@10 | test NDCG@10 | best epoch / run |\n|---|---|---|---|---|\n"
+
+
+def _study(tmp_path, rows, metrics=METRICS):
+    study = tmp_path / "results" / "study"
+    (study / "runs" / "a").mkdir(parents=True)
+    (study / "runs" / "a" / "metrics.json").write_text(json.dumps(metrics))
+    readme = study / "README.md"
+    readme.write_text("Two runs:\n\n" + HEAD + "".join(r + "\n" for r in rows) + "\nAfter.\n")
+    return readme
+
+
+def test_a_row_naming_a_run_is_compared_at_its_printed_precision(tmp_path):
+    readme = _study(tmp_path, ["| `prefixes` (`runs/a/`) | **0.0704 (+14.1%)** | 0.095 (p 0.14) | **0.0569** "
+                               "| 32 / 42 |",
+                               "| `last`, 3 seeds | 0.0617 ± 0.0010 | 0.0817 | 0.0495 | 20 / 30 |"])
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "same" and "(1 of 2 checked)" in res["command"]
+
+
+def test_a_stale_number_or_epoch_differs(tmp_path):
+    readme = _study(tmp_path, ["| `prefixes` (`runs/a/`) | 0.0705 | 0.0947 | 0.0569 | 31 / 42 |"])
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "differs"
+    (row,) = res["files"]
+    assert "valid NDCG@10: 0.0705, run 0.0704" in row and "best epoch / run: 31 / 42, run 32 / 42" in row
+    assert "test HR@10" not in row
+
+
+def test_means_and_rows_without_a_run_are_not_compared(tmp_path):
+    readme = _study(tmp_path, ["| `runs/a/` | 0.0999 ± 0.0010 | n/a | – | 40 ± 2 |",
+                               "| `elsewhere/` | 0.5 | 0.5 | 0.5 | 1 / 2 |"])
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "same" and "(1 of 2 checked)" in res["command"]
+
+
+def test_an_unreadable_metrics_file_fails(tmp_path):
+    readme = _study(tmp_path, ["| `runs/a/` | 0.0704 | 0.0947 | 0.0569 | 32 / 42 |"])
+    (tmp_path / "results" / "study" / "runs" / "a" / "metrics.json").write_text("{")
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "failed" and "metrics.json" in res["why"]
+
+
+def test_check_tables_reports_run_rows(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _study(tmp_path, ["| `runs/a/` | 0.0704 | 0.0947 | 0.0569 | 32 / 42 |"])
+    assert ct.main(["--json", "out.json"]) == 0 and rr.main([]) == 0
+    _study(tmp_path / "b", ["| `runs/a/` | 0.0704 | 0.0948 | 0.0569 | 32 / 42 |"])  # a stale hand edit
+    monkeypatch.chdir(tmp_path / "b")
+    assert ct.main(["--json", "out.json"]) == 1 and rr.main([]) == 1
+    (res,) = json.loads((tmp_path / "b" / "out.json").read_text())["commands"]
+    assert res["result"] == "differs" and "test HR@10: 0.0948, run 0.0947" in res["files"][0]
+
+
+def test_the_committed_readmes_hold_their_runs_numbers():
+    from tests.scripts import REPO
+
+    outcomes = rr.check_all(REPO)
+    assert len(outcomes) >= 5 and all(o["result"] == "same" for o in outcomes), outcomes
