@@ -11,9 +11,9 @@ reruns the commands in place (after a change of the report's format), so ``git d
 Usage (from the repository root):
     python scripts/check_tables.py [--only SUBSTRING] [--write] [--json FILE]
 
-It also reruns every quoted ``python scripts/cell_table.py ...``, ``python scripts/comparison_table.py ...`` and
-``python scripts/verdict_table.py ...`` command (the per-cell and verdict tables of a results README, and the
-README's verdict on the paper) and checks that the table after it is what it prints,
+It also reruns every quoted ``python scripts/<printer>.py ...`` command, the printers being ``cell_table`` (per
+cell), ``comparison_table`` (per pair), ``verdict_table`` (the README's verdict on the paper) and ``floor_table``
+(the floor at a glance), and checks that the table after it is what it prints,
 line for line: the table must start at the first non-blank line after the paragraph that quotes the command
 (``--write`` puts what it prints there). Such a command that cannot be read (not in backticks), reads a folder not
 in this checkout, or has no table there fails. Last, it checks the hand-written run rows of every table (a row
@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import cell_table  # noqa: E402
 import check_run_rows  # noqa: E402
 import comparison_table  # noqa: E402
+import floor_table  # noqa: E402
 import verdict_table  # noqa: E402
 
 from bftrec.report import cli  # noqa: E402
@@ -51,9 +52,10 @@ from bftrec.report import cli  # noqa: E402
 log = logging.getLogger("check_tables")
 COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
 PRINTERS = {"cell_table": cell_table, "comparison_table": comparison_table,  # scripts whose tables READMEs quote
-            "verdict_table": verdict_table}
-TABLE_COMMAND = re.compile(r"`(python scripts/(?:cell_table|comparison_table|verdict_table)\.py [^`]*)`")  # quoted
-MENTION = re.compile(r"(?:cell_table|comparison_table|verdict_table)\.py[^\n`]*--(?:runs|tables|main)")  # any such
+            "verdict_table": verdict_table, "floor_table": floor_table}
+_NAMES = "|".join(PRINTERS)
+TABLE_COMMAND = re.compile(rf"`(python scripts/(?:{_NAMES})\.py [^`]*)`")  # a quoted table command
+MENTION = re.compile(rf"(?:{_NAMES})\.py[^\n`]*--(?:runs|tables|main)")  # any such command, quoted or not
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads
 
@@ -74,8 +76,8 @@ def _markdown(root: Path) -> list[Path]:
 
 
 def recorded_quoted_tables(root: Path) -> list[tuple[Path, str, list[str] | None]]:
-    """``(markdown file, command, the table below it)`` for every quoted ``python scripts/cell_table.py``,
-    ``comparison_table.py`` or ``verdict_table.py`` command (line breaks read as spaces), in file order. The table
+    """``(markdown file, command, the table below it)`` for every quoted ``python scripts/<printer>.py`` command
+    (``PRINTERS``) (line breaks read as spaces), in file order. The table
     is the first run of lines starting with ``|`` that begins at the first non-blank line after the paragraph
     quoting the command; ``None`` where none begins there. A table command written any other way (unquoted, in a
     code block, ``python3``) comes as ``(file, its text, None)`` with the command prefixed ``UNREADABLE:``, so
@@ -114,7 +116,7 @@ def _rewrite_table(md: Path, command: str, old: list[str], new: list[str]) -> No
 
 
 def check_quoted_table(md: Path, command: str, committed: list[str] | None, write: bool = False) -> dict:
-    """Rerun one quoted ``cell_table.py``, ``comparison_table.py`` or ``verdict_table.py`` command and compare
+    """Rerun one quoted printer command (``PRINTERS``: ``cell_table.py``, ``verdict_table.py``, ...) and compare
     what it prints with ``committed``, the table below the command in ``md``: ``same`` when they are equal line
     for line, ``differs`` naming the rows (first cell) missing, changed or left over; ``failed`` with the reason
     for a command that cannot be read or run, a folder it reads that is not in this checkout (every quoted one is
@@ -123,7 +125,7 @@ def check_quoted_table(md: Path, command: str, committed: list[str] | None, writ
     label = f"{md}: {command}"
     if command.startswith("UNREADABLE:"):
         return {"command": label, "result": "failed", "why": "a table command written so that it cannot be "
-                "checked: quote it in backticks as `python scripts/<cell_table|comparison_table|verdict_table>.py ...`"}
+                "checked: quote it in backticks as `python scripts/<printer>.py ...`"}
     try:
         argv = shlex.split(command)
     except ValueError as e:  # shlex: an unbalanced quote

@@ -1,0 +1,94 @@
+"""The floor at a glance: one row per dataset from a ``bftrec-report tables`` folder's ``floor.csv`` (every model's
+``standard`` layer side by side, mean over its seeds), for docs/results.md §3.0.
+
+Columns: test HR@10 overall for every model (the counted ones, ``pop`` and ``markov``, first; then the trained
+ones), HR@10 on the rarest items (Q0) for ``markov`` and every trained model, and cold-user HR@10 for ``markov``
+and for the best trained model (named). The models are the ``HR@10 <model>`` columns ``floor.csv`` has, so a
+model that joins the tables (GRU4Rec) joins this table by itself. Rows follow the main grid's dataset order.
+
+Usage (from the repository root):
+    python scripts/floor_table.py --tables results/paper_main/tables
+
+Errors (one line, exit 2): no ``floor.csv`` in ``--tables``; no ``markov`` column or no trained model; a dataset
+without its overall, Q0 or cold row.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # scripts/, repo
+from _cli import print_table  # noqa: E402
+from comparison_table import name  # noqa: E402
+
+COUNTED = ("pop", "markov")  # no parameters: one seed each
+ORDER = ("sasrec", "bert4rec", "hstu", "gru4rec")  # trained models, in the tables' order; others follow, sorted
+DATASETS = ("sports", "instruments", "beauty", "toys", "yelp", "ml-1m")  # the main grid's order; others follow
+KEY_CELLS = 1  # the leading cell that names a row (the dataset), for check_tables' reports
+
+
+def _models(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    models = [c.removeprefix("HR@10 ") for c in frame.columns if c.startswith("HR@10 ") and c != "best HR@10"]
+    counted = [m for m in COUNTED if m in models]
+    trained = [m for m in ORDER if m in models] + sorted(set(models) - set(COUNTED) - set(ORDER))
+    return counted, trained
+
+
+def table(tables: Path) -> str:
+    """The Markdown table (see the module docstring); a one-line SystemExit on bad input."""
+    path = tables / "floor.csv"
+    if not path.is_file():
+        raise SystemExit(f"floor_table: no {path}; run bftrec-report tables with a counted model (pop, markov) "
+                         "in the runs, or give its --out folder (--tables)")
+    frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    frame = frame[frame["tag"] == ""]
+    counted, trained = _models(frame)
+    if "markov" not in counted or not trained:
+        raise SystemExit(f"floor_table: {path} needs markov and a trained model; it has {counted + trained}")
+    head = ([name(m) if m in trained else m for m in counted + trained] + [f"Q0: {name(m) if m in trained else m}"
+            for m in ["markov"] + trained] + ["cold: markov", "cold: best trained model"])
+    lines = ["| dataset | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    datasets = [d for d in DATASETS if d in set(frame["dataset"])] + sorted(set(frame["dataset"]) - set(DATASETS))
+    for ds in datasets:
+        rows = {}
+        for stratum in ("overall", "Q0", "cold"):
+            hit = frame[(frame["dataset"] == ds) & (frame["stratum"] == stratum)]
+            if len(hit) != 1:
+                raise SystemExit(f"floor_table: {len(hit)} untagged {stratum} rows for {ds} in {path} (one "
+                                 "expected); regenerate the tables")
+            rows[stratum] = hit.iloc[0]
+        cold = rows["cold"]
+        best = max(trained, key=lambda m: float(cold[f"HR@10 {m}"]) if cold[f"HR@10 {m}"] else -1.0)
+        cells = ([rows["overall"][f"HR@10 {m}"] or "–" for m in counted + trained]
+                 + [rows["Q0"][f"HR@10 {m}"] or "–" for m in ["markov"] + trained]
+                 + [cold["HR@10 markov"] or "–", f"{cold[f'HR@10 {best}']} ({name(best)})"])
+        lines.append(f"| {name(ds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``scripts/check_tables.py`` parses quoted commands with it)."""
+    ap = argparse.ArgumentParser(prog="floor_table.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--tables", type=Path, required=True, help="a bftrec-report tables folder with floor.csv")
+    return ap
+
+
+def render(args: argparse.Namespace) -> str:
+    """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
+    return table(args.tables)
+
+
+def inputs(args: argparse.Namespace) -> list[Path]:
+    """The paths a command reads (``check_tables``: a command whose inputs are not in the checkout fails)."""
+    return [args.tables]
+
+
+def main(argv: list[str] | None = None) -> int:
+    return print_table(parser(), render, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""scripts/floor_table.py: docs/results.md §3.0's floor at a glance, printed from floor.csv."""
+import pandas as pd
+
+from tests.scripts import REPO, load_script
+
+ft = load_script("floor_table")
+
+
+def _floor(root, models=("markov", "pop", "sasrec", "gru4rec"), drop=None):
+    rows = []
+    for i, ds in enumerate(["ml-1m", "sports", "office"]):  # out of order, and one outside the main grid
+        for j, stratum in enumerate(["overall", "Q0", "Q1", "cold", "warm"]):
+            if (ds, stratum) == drop:
+                continue
+            row = {"dataset": ds, "tag": "", "stratum": stratum, "range": "", "users": 100}
+            for k, m in enumerate(models):
+                row[f"HR@10 {m}"] = f"0.{i}{j}{k}0"
+                row[f"NDCG@10 {m}"] = "0.0001"
+            row["best HR@10"] = models[-1]
+            rows.append(row)
+    root.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(root / "floor.csv", index=False)
+    return root
+
+
+def test_every_model_of_floor_csv_gets_its_columns(tmp_path):
+    lines = ft.table(_floor(tmp_path)).splitlines()
+    assert lines[0] == ("| dataset | pop | markov | SASRec | GRU4Rec | Q0: markov | Q0: SASRec | Q0: GRU4Rec | "
+                        "cold: markov | cold: best trained model |")
+    assert [r.split(" | ")[0] for r in lines[2:]] == ["| Sports", "| ML-1M", "| Office"]
+    # Sports is dataset 1; overall j=0, Q0 j=1, cold j=3; models markov 0, pop 1, sasrec 2, gru4rec 3
+    assert lines[2] == ("| Sports | 0.1010 | 0.1000 | 0.1020 | 0.1030 | 0.1100 | 0.1120 | 0.1130 | 0.1300 | "
+                        "0.1330 (GRU4Rec) |")
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    assert ft.main(["--tables", str(tmp_path)]) == 2
+    assert "no " in capsys.readouterr().err
+    _floor(tmp_path, drop=("sports", "Q0"))
+    assert ft.main(["--tables", str(tmp_path)]) == 2
+    assert "0 untagged Q0 rows for sports" in capsys.readouterr().err
+    _floor(tmp_path, models=("pop", "sasrec"))
+    assert ft.main(["--tables", str(tmp_path)]) == 2
+    assert "needs markov" in capsys.readouterr().err
+
+
+def test_the_docs_table_is_what_the_committed_floor_prints(monkeypatch):
+    monkeypatch.chdir(REPO)
+    printed = ft.table(REPO / "results" / "paper_main" / "tables").splitlines()
+    docs = (REPO / "docs" / "results.md").read_text().splitlines()
+    at = docs.index(printed[0])
+    assert docs[at:at + len(printed)] == printed and len(printed) == 8
