@@ -12,8 +12,11 @@ such as ``(+14.1%)`` or ``(p 0.14)`` are ignored):
     best epoch / run                   best_epoch / epochs_run
     best epoch                         best_epoch
 
-A cell holding a mean over runs (``±``) or no number is not compared. Rows whose first cell names no such folder
-(runs that were never committed, means over seeds) are not run rows; they are counted, not checked.
+A metric printed with fewer than three decimals differs (``0.1`` could hide any value), as does one the run does
+not hold. A cell holding a mean over runs (``±``) or not starting with a number (after ``**``, ``+``, ``≈``) is not
+compared, and a row with no compared cell is not counted as checked. Rows whose first cell names no such folder
+(runs that were never committed, means over seeds) are not run rows; they are counted, not checked. Only the
+headers above are read: a table that spells them otherwise is not checked.
 
 Usage (from the repository root):
     python scripts/check_run_rows.py [--only SUBSTRING]
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import sys
 from pathlib import Path
@@ -33,12 +37,14 @@ from pathlib import Path
 log = logging.getLogger("check_run_rows")
 PATH = re.compile(r"`([^`\s]+)`")
 NUMBER = re.compile(r"^[−-]?\d+(?:\.\d+)?")
+MIN_DECIMALS = 3  # a metric printed coarser than this could hide any difference ("0.1" for 0.0947)
 COLUMNS = {"valid NDCG@10": ("valid", "NDCG@10"), "valid HR@10": ("valid", "HR@10"),
            "test HR@10": ("test", "HR@10"), "test NDCG@10": ("test", "NDCG@10"), "test MRR": ("test", "MRR")}
 
 
 def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    """The cells of a Markdown table row; an escaped pipe (``\\|``, e.g. inside a quoted command) is not a border."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
 def tables(md: Path) -> list[tuple[int, list[str], list[list[str]]]]:
@@ -70,8 +76,9 @@ def run_folder(first_cell: str, md: Path, root: Path) -> Path | None:
 
 
 def _printed(cell: str) -> str | None:
-    """The number a cell prints (``0.0704`` from ``**0.0704 (+14.1%)**``); None for a mean (±) or no number."""
-    text = cell.replace("*", "").strip()
+    """The number a cell prints (``0.0704`` from ``**0.0704 (+14.1%)**``, ``+0.0704``, ``≈0.0704``); None for a
+    mean (±) or a cell that does not start with a number."""
+    text = cell.replace("*", "").strip().lstrip("+≈~").strip()
     if "±" in text:
         return None
     m = NUMBER.match(text)
@@ -83,23 +90,47 @@ def _same(printed: str, value: float) -> bool:
     return f"{value:.{decimals}f}" == f"{float(printed):.{decimals}f}"
 
 
-def check_row(head: list[str], row: list[str], metrics: dict) -> list[str]:
-    """The cells of ``row`` that differ from ``metrics`` (a run's ``metrics.json``), as ``column: printed, run
-    value``."""
-    wrong = []
+def _run_value(metrics: dict, path: tuple[str, ...]):
+    """``metrics[path[0]][path[1]]...`` as a finite number, or None where the run lacks it (or it is no number)."""
+    value = metrics
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def check_row(head: list[str], row: list[str], metrics: dict) -> tuple[int, list[str]]:
+    """``(cells compared, the cells of row that differ from metrics)``, ``metrics`` being a run's ``metrics.json``;
+    a difference reads ``column: printed, run value``. A metric printed with fewer than ``MIN_DECIMALS`` decimals,
+    or one the run does not hold, differs."""
+    compared, wrong = 0, []
     for col, cell in zip(head, row):
         if col in COLUMNS:
             split, metric = COLUMNS[col]
-            value = (metrics["valid"] if split == "valid" else metrics["test"]["overall"]).get(metric)
             printed = _printed(cell)
-            if printed is not None and value is not None and not _same(printed, value):
+            if printed is None:
+                continue
+            compared += 1
+            value = _run_value(metrics, ("valid", metric) if split == "valid" else ("test", "overall", metric))
+            decimals = len(printed.split(".")[1]) if "." in printed else 0
+            if value is None:
+                wrong.append(f"{col}: {printed}, the run has no such number")
+            elif decimals < MIN_DECIMALS:
+                wrong.append(f"{col}: {printed}, printed with {decimals} decimals (the run: {value:.4f})")
+            elif not _same(printed, value):
                 wrong.append(f"{col}: {printed}, run {value:.4f}")
         elif col in ("best epoch / run", "best epoch"):
             got = re.findall(r"\d+", cell.replace("*", ""))
-            want = [metrics["best_epoch"], metrics["epochs_run"]][:2 if "/ run" in col else 1]
-            if got and "±" not in cell and [int(g) for g in got[:len(want)]] != want:
-                wrong.append(f"{col}: {' / '.join(got[:len(want)])}, run {' / '.join(map(str, want))}")
-    return wrong
+            keys = ("best_epoch", "epochs_run")[:2 if "/ run" in col else 1]
+            if not got or "±" in cell:
+                continue
+            compared += 1
+            want = [_run_value(metrics, (k,)) for k in keys]
+            if None in want:
+                wrong.append(f"{col}: {' / '.join(got[:len(keys)])}, the run has no {' or '.join(keys)}")
+            elif [int(g) for g in got[:len(keys)]] != want:
+                wrong.append(f"{col}: {' / '.join(got[:len(keys)])}, run {' / '.join(map(str, want))}")
+    return compared, wrong
 
 
 def check_markdown(md: Path, root: Path) -> list[dict]:
@@ -120,8 +151,12 @@ def check_markdown(md: Path, root: Path) -> list[dict]:
                 out.append({"command": f"{md}:{line_no}: run rows", "result": "failed",
                             "why": f"{folder / 'metrics.json'}: {e}"})
                 break
-            checked += 1
-            bad = check_row(head, row, metrics)
+            if not isinstance(metrics, dict):
+                out.append({"command": f"{md}:{line_no}: run rows", "result": "failed",
+                            "why": f"{folder / 'metrics.json'} holds no JSON object"})
+                break
+            compared, bad = check_row(head, row, metrics)
+            checked += bool(compared)
             if bad:
                 wrong.append(f"{row[0][:60]} ({'; '.join(bad)})")
         else:

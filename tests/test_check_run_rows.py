@@ -38,17 +38,30 @@ def test_a_stale_number_or_epoch_differs(tmp_path):
 
 
 def test_means_and_rows_without_a_run_are_not_compared(tmp_path):
-    readme = _study(tmp_path, ["| `runs/a/` | 0.0999 ± 0.0010 | n/a | – | 40 ± 2 |",
-                               "| `elsewhere/` | 0.5 | 0.5 | 0.5 | 1 / 2 |"])
+    readme = _study(tmp_path, ["| `runs/a/` | 0.0999 ± 0.0010 | n/a | – | 40 ± 2 |",  # a run named, nothing to compare
+                               "| `elsewhere/` | 0.5 | 0.5 | 0.5 | 1 / 2 |",
+                               "| `runs/a/` (\\| an escaped pipe) | +0.0704 | ≈0.0947 | 0.0569 | 32 / 42 |"])
     (res,) = rr.check_markdown(readme, tmp_path)
-    assert res["result"] == "same" and "(1 of 2 checked)" in res["command"]
+    assert res["result"] == "same" and "(1 of 3 checked)" in res["command"]
+
+
+def test_coarse_numbers_and_numbers_the_run_lacks_differ(tmp_path):
+    readme = _study(tmp_path, ["| `runs/a/` | 0.07 | 0.1 | 0.0569 | 32 / 42 |"])
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "differs"
+    assert "valid NDCG@10: 0.07, printed with 2 decimals" in res["files"][0] and "test HR@10: 0.1," in res["files"][0]
+    readme = _study(tmp_path / "b", ["| `runs/a/` | 0.0704 | 0.0947 | 0.0569 | 32 / 42 |"],
+                    metrics={"valid": {"NDCG@10": "0.0704"}, "test": []})
+    (res,) = rr.check_markdown(readme, tmp_path / "b")
+    assert res["result"] == "differs" and res["files"][0].count("the run has no") == 4
 
 
 def test_an_unreadable_metrics_file_fails(tmp_path):
     readme = _study(tmp_path, ["| `runs/a/` | 0.0704 | 0.0947 | 0.0569 | 32 / 42 |"])
-    (tmp_path / "results" / "study" / "runs" / "a" / "metrics.json").write_text("{")
-    (res,) = rr.check_markdown(readme, tmp_path)
-    assert res["result"] == "failed" and "metrics.json" in res["why"]
+    for text in ("{", "[]"):
+        (tmp_path / "results" / "study" / "runs" / "a" / "metrics.json").write_text(text)
+        (res,) = rr.check_markdown(readme, tmp_path)
+        assert res["result"] == "failed" and "metrics.json" in res["why"]
 
 
 def test_check_tables_reports_run_rows(tmp_path, monkeypatch):
