@@ -196,6 +196,8 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             file written); a directory held by another live job; with ``skip_finished``, a directory
             of another config (one line). A failed run leaves ``FAILED`` (its one-line reason) in its
             directory and no ``metrics.json``.
+        Interrupted: Ctrl-C (the resume command); or, after a finished run, a Ctrl-C swallowed where no training
+            step followed it (test scoring): ``metrics.json`` is written, and the caller (a sweep) stops.
     """
     started = time.time()
     overrides = task_overrides(cfg)
@@ -255,9 +257,12 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
         mark_failed(out_dir, e)
         raise
     finally:  # a Ctrl-C recorded where no training step followed (test scoring) ends with its run, not the next
-        clear_interrupt()
+        late = clear_interrupt()
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
+    if late:  # finished, but the user asked to stop: a sweep stops after this cell instead of going on
+        raise Interrupted(f"interrupted after {out_dir} finished (the Ctrl-C came after its last training step); "
+                          "rerun the same command to go on: finished cells are skipped")
     return metrics
 
 

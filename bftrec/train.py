@@ -68,7 +68,8 @@ def _grid_cell(cfg: DictConfig, out_dir: Path, hc, single: bool = False) -> None
                   else f"{out_dir}: {report['error']}")
         raise CellFailed(f"{out_dir}: {report['error']}") from None
     except KeyboardInterrupt:
-        report["status"] = "interrupted"
+        if report["status"] == "failed":  # a cell that finished before the interrupt keeps its status
+            report["status"] = "interrupted"
         raise
     finally:
         sweep = Path(hc.sweep.dir).resolve()

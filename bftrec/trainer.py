@@ -402,9 +402,12 @@ def install_sigint_handler():
     return None
 
 
-def clear_interrupt() -> None:
-    """Forget a recorded interrupt (it has been handled: the run ended with its resume line)."""
+def clear_interrupt() -> bool:
+    """Forget a recorded interrupt (it has been handled: the run ended with its resume line, or it finished).
+    Returns whether one was recorded (a Ctrl-C swallowed after the last training step, e.g. in test scoring)."""
+    pending = _INTERRUPT["pending"]
     _INTERRUPT["pending"] = False
+    return pending
 
 
 def _raise_if_interrupted() -> None:

@@ -422,12 +422,39 @@ def test_a_swallowed_ctrl_c_still_ends_the_run_at_the_next_step(tmp_path, monkey
     assert pd.read_csv(tmp_path / "run" / "history.csv")["epoch"].tolist() == [1]
     assert "trainer.resume=" in (tmp_path / "run" / "FAILED").read_text()
     assert not trainer._INTERRUPT["pending"]  # handled: a later run in this process is not interrupted
-    # swallowed after the last epoch's save, where no step follows: the run ends as it would have, and the
-    # recorded interrupt ends with it instead of stopping the next run in this process (a sweep's next cell)
-    assert run(smoke_cfg(tmp_path, "trainer.epochs=1"), tmp_path / "last")["epochs_run"] == 1
-    assert not trainer._INTERRUPT["pending"]
+    # swallowed after the last epoch's save, where no step follows: the run finishes (test scored, metrics.json
+    # written), then stops with a line saying so, so that a sweep stops after this cell instead of going on
+    with pytest.raises(Interrupted, match=r"interrupted after .*last finished .*finished cells are skipped"):
+        run(smoke_cfg(tmp_path, "trainer.epochs=1"), tmp_path / "last")
+    assert json.loads((tmp_path / "last" / "metrics.json").read_text())["epochs_run"] == 1
+    assert not (tmp_path / "last" / "FAILED").exists() and not trainer._INTERRUPT["pending"]
     monkeypatch.setattr(trainer, "_save_progress", real_save)
     assert run(smoke_cfg(tmp_path, "trainer.epochs=2"), tmp_path / "again")["epochs_run"] == 2
+
+
+def test_a_cell_that_finished_before_a_late_ctrl_c_is_ledgered_as_ran(tmp_path, monkeypatch):
+    """In a sweep, the cell whose test scoring swallowed a Ctrl-C is complete: its ledger line says ``ran``, and
+    the interrupt stops the sweep (it propagates as ``Interrupted``, which Hydra's job runner does not catch)."""
+    from types import SimpleNamespace
+
+    from bftrec import train, trainer
+    from bftrec.rundir import Interrupted
+
+    real_save = trainer._save_progress
+
+    def save_then_swallow(*a, **k):
+        real_save(*a, **k)
+        try:
+            trainer.on_sigint(2, None)
+        except KeyboardInterrupt:
+            pass
+
+    monkeypatch.setattr(trainer, "_save_progress", save_then_swallow)
+    hc = SimpleNamespace(sweep=SimpleNamespace(dir=str(tmp_path)), overrides=SimpleNamespace(task=["seed=0"]))
+    with pytest.raises(Interrupted, match="finished"):
+        train._grid_cell(smoke_cfg(tmp_path, "trainer.epochs=1"), tmp_path / "cell", hc)
+    (line,) = [json.loads(x) for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert line["status"] == "ran" and (tmp_path / "cell" / "metrics.json").exists()
 
 
 # --- issue 50 item 2: faults are named in one line, FAILED holds it, the last good checkpoint survives --------
