@@ -206,7 +206,8 @@ def override_key(item: str) -> str:
 
 def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig:
     """The config of ``trainer.resume=<run_dir>``: ``<run_dir>/config.yaml`` with the command line's
-    overrides on top (e.g. ``trainer.epochs=50``, ``data_root``).
+    overrides on top (e.g. ``trainer.epochs=50``, ``data_root``), whatever the defaults are: a run trained with
+    ``trainer.lr=0.01`` on the default dataset, model, layer and seed resumes with lr 0.01, not the default.
 
     Args:
         cfg: the composed config; overrides: ``task_overrides(cfg)`` (None: ``cfg`` is taken as it
@@ -228,17 +229,19 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
                           "resume from another run directory or start a new run") from None
     mine, theirs = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(saved, resolve=True)
     differs = [k for k in RESUME_FIXED if mine.get(k) != theirs.get(k)]
-    if not differs:
-        return cfg
     what = ", ".join(f"{k}={saved[k].name if k != 'seed' else saved[k]}" for k in RESUME_FIXED)
-    for item in overrides or []:
-        head = override_key(item).split(".")[0].split("@")[0]
-        if head in RESUME_FIXED or head in ("debug", "experiment", "tuned"):
+    if overrides is None:  # a config composed by the caller: taken as it is, if it is the run's
+        if differs:
+            raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}, but the config differs at "
+                              f"{', '.join(differs)}; compose it with the run's dataset, model, layer and seed")
+        return cfg
+    for item in overrides:  # the command line: the run's recipe, with only what the command line changes
+        key = override_key(item)
+        head = key.split(".")[0].split("@")[0]
+        same = head in RESUME_FIXED and OmegaConf.select(cfg, key) == OmegaConf.select(saved, key)
+        if (head in RESUME_FIXED and not same) or head in ("debug", "experiment", "tuned"):
             raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}; drop the override {item!r} "
                               "(or start a new run without trainer.resume)")
-    if overrides is None:
-        raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}, but the config differs at "
-                          f"{', '.join(differs)}; compose it with the run's dataset, model, layer and seed")
     out = saved.copy()
     with open_dict(out):
         for key in ("data_root", "cache_dir", "out_root", "log_level", "print_config", "trainer.resume"):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from bftrec import experiment as experiment_mod
 from bftrec import rundir
@@ -106,6 +106,24 @@ def test_resume_applies_min_epochs_as_an_unbroken_run_would(tmp_path):
     assert (at_once["epochs_run"], at_once["stopped_early"]) == (3, True)
     assert pd.read_csv(tmp_path / "c" / "history.csv")["epoch"].tolist() == [1, 2, 3]  # its folder is complete
     assert pd.read_csv(tmp_path / "b" / "history.csv")["epoch"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_resume_takes_the_runs_recipe_even_on_the_default_dataset_model_layer_and_seed(tmp_path):
+    """A run of the defaults (synthetic, sasrec, standard, seed 0: what ``make run`` trains) with its own recipe:
+    ``trainer.resume`` alone continues with that recipe, not the defaults; an override on top still counts, and one
+    that restates the run's own value (``seed=0``) is harmless."""
+    from bftrec.rundir import resume_config, task_overrides, without_hydra
+
+    saved = cli_cfg(tmp_path, "trainer.lr=0.01", "trainer.epochs=2", f"out_root={tmp_path / 'first'}")
+    (tmp_path / "a").mkdir()
+    OmegaConf.save(without_hydra(saved), tmp_path / "a" / "config.yaml", resolve=True)  # as a run saves it
+    cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer.epochs=5", "seed=0")
+    got = resume_config(without_hydra(cfg), task_overrides(cfg))  # as run() calls it
+    assert (got.trainer.lr, got.trainer.epochs, got.dataset.name, got.trainer.resume) == \
+        (0.01, 5, "synthetic", str(tmp_path / "a"))
+    cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "seed=1")
+    with pytest.raises(ConfigError, match="drop the override 'seed=1'"):
+        resume_config(without_hydra(cfg), task_overrides(cfg))
 
 
 def test_resume_refuses_an_override_that_changes_the_run(tmp_path):
