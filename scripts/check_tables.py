@@ -54,7 +54,7 @@ COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # o
 PRINTERS = {"cell_table": cell_table, "comparison_table": comparison_table,  # scripts whose tables READMEs quote
             "verdict_table": verdict_table, "floor_table": floor_table}
 _NAMES = "|".join(PRINTERS)
-TABLE_COMMAND = re.compile(rf"`(python scripts/(?:{_NAMES})\.py [^`]*)`")  # a quoted table command
+TABLE_COMMAND = re.compile(rf"`(python\s+scripts/(?:{_NAMES})\.py\s[^`]*)`")  # quoted (may break across lines)
 MENTION = re.compile(rf"(?:{_NAMES})\.py[^\n`]*--(?:runs|tables|main)")  # any such command, quoted or not
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads

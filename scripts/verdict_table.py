@@ -332,7 +332,7 @@ def pooled_table(main: Path) -> str:
 
 
 def table(main: Path, snr: Path, replication: Path, equal_budget: Path) -> str:
-    lines = ["| the paper's claim | main grid (seed as the unit) | verdict |", "|---|---|---|"]
+    lines = ["| the paper's claim | evidence (seed as the unit; main grid unless named) | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {e} | {v} |" for c, e, v in rows(main, snr, replication, equal_budget)]
     return "\n".join(lines)
 

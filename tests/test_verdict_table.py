@@ -104,7 +104,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_check_tables_reruns_it(tmp_path, monkeypatch):
     root = _copy(tmp_path)
-    cmd = "python scripts/verdict_table.py " + " ".join(_argv())
+    cmd = "python\nscripts/verdict_table.py " + " ".join(_argv())  # a README may break it across lines
     table = _render(root, monkeypatch)
     readme = root / "README.md"
     readme.write_text(f"The verdict (`{cmd}`):\n\n{table}\n")
