@@ -43,6 +43,14 @@ def test_sums_medians_and_from_epoch(tmp_path):
     assert rs.main([str(tmp_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert "Made by `bftrec-report seconds" in text and "| 110 " in text and "27.5" in text
+    assert rs.main(["--runs", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 0  # as tables takes them
+    assert (tmp_path / "r.md").read_text().split("\n", 1)[1] == text.split("\n", 1)[1]
+
+
+def test_no_folder_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        seconds.main([])
+    assert e.value.code == 2 and "positionally or with --runs" in capsys.readouterr().err
 
 
 def test_bad_input_fails_in_one_line(tmp_path):

@@ -51,6 +51,21 @@ def run_roots(root) -> list[Path]:
     return [Path(root)] if isinstance(root, (str, Path)) else [Path(r) for r in root]
 
 
+def add_roots(ap) -> None:
+    """The run folders of a report that reads them positionally (``seconds``, ``valid-test``), also accepted as
+    ``--runs`` as ``tables`` and ``figures`` take them; ``given_roots`` reads them back."""
+    ap.add_argument("roots", type=Path, nargs="*", help="folders searched for run folders")
+    ap.add_argument("--runs", type=Path, nargs="+", default=[], help="the same, as tables and figures take them")
+
+
+def given_roots(ap, args) -> list[Path]:
+    """The folders ``add_roots`` parsed, positional first; none is argparse's one-line error (exit 2)."""
+    roots = [*args.roots, *args.runs]
+    if not roots:
+        ap.error("give the folders to search for runs (positionally or with --runs)")
+    return roots
+
+
 def _json(path: Path) -> dict:
     """A run's JSON file; a torn or truncated one stops in one line naming it (issue 50)."""
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bftrec.report.runs import add_roots, given_roots
 from bftrec.report.valid_test import history_runs, write_markdown
 
 COLUMNS = ("epoch", "train_seconds", "eval_seconds")
@@ -70,13 +71,13 @@ def table(roots: list[Path], from_epoch: int = 1) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bftrec-report seconds", description=__doc__.splitlines()[0])
-    ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
+    add_roots(ap)
     ap.add_argument("--from-epoch", type=int, default=1, help="count epochs from this one on (default 1: all)")
     ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
     args = ap.parse_args(argv)
     if args.from_epoch < 1:
         ap.error(f"--from-epoch {args.from_epoch}: epochs count from 1; pick 1 or more")
-    df = table(args.roots, args.from_epoch)
+    df = table(given_roots(ap, args), args.from_epoch)
     for c in ("train_s", "eval_s", "total_s"):
         df[c] = df[c].map(lambda v: f"{v:,.0f}")
     df["median_s_per_epoch"] = df["median_s_per_epoch"].map(lambda v: f"{v:.1f}")

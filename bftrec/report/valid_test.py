@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bftrec.report.runs import command_line, load_runs
+from bftrec.report.runs import add_roots, command_line, given_roots, load_runs
 
 
 def run_row(run: dict, metric: str) -> dict:
@@ -111,11 +111,11 @@ def table(roots: list[Path], metric: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bftrec-report valid-test", description=__doc__.splitlines()[0])
-    ap.add_argument("roots", type=Path, nargs="+", help="folders searched for run folders")
+    add_roots(ap)
     ap.add_argument("--metric", default="HR@10", help="a validation column of history.csv (default HR@10)")
     ap.add_argument("--out", type=Path, help="markdown file to write (default: print)")
     args = ap.parse_args(argv)
-    df = table(args.roots, args.metric)
+    df = table(given_roots(ap, args), args.metric)
     for c in ("valid_at_selected", "best_valid", "last_valid", "test"):
         df[c] = df[c].map(lambda v: f"{v:.4f}")
     mean = df["seed"] == "mean"
