@@ -17,7 +17,10 @@ sign), p values as ``comparison_table.p_text`` prints them. Rows, in order:
 6. equal tuning budgets: ``--equal-budget``'s ``comparisons.csv``;
 7. the Kalman gain K on rare items: ``mechanism.csv`` (history tokens, ``bft``; Q0 range, and Q0 against Q4);
 8. the pre-registered replication of ``bft_h`` on Sports HSTU cold users: the main grid's seeds 0–2, the
-   replication's seeds 3–7 (``tables_seeds3-7``, ``tables_bft_seeds3-7``) and its run count.
+   replication's seeds 3–7 (``tables_seeds3-7``, ``tables_bft_seeds3-7``) and its run count;
+9. what the benchmark could have detected: the pooled and per-pair gains detectable at power 0.8 (``meta.csv``,
+   ``comparisons.csv``), and the positive control's ``readout.json`` (the oracle's gain for noisy users, where
+   the planted unreliability bites, against every BFT arm's).
 
 ``--pooled`` prints instead the pooled rows of ``<main>/meta.csv`` that docs/results.md §1.1 gives (``bft``:
 overall on all backbones and on each, Q0 on all and on HSTU, cold users on all), one row each: pairs (``11 of 18``
@@ -26,7 +29,8 @@ pooled gain the test detects at power 0.8.
 
 Usage (from the repository root):
     python scripts/verdict_table.py --main results/paper_main/tables --snr results/snr \
-        --replication results/paper_main/replication --equal-budget results/equal_budget/office_sasrec/tables
+        --replication results/paper_main/replication --equal-budget results/equal_budget/office_sasrec/tables \
+        --positive-control results/positive_control
     python scripts/verdict_table.py --main results/paper_main/tables --pooled
 
 Errors (one line, exit 2): a file missing from a folder, none or several rows where one is read, a column missing.
@@ -34,6 +38,7 @@ Errors (one line, exit 2): a file missing from a folder, none or several rows wh
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -125,7 +130,8 @@ def _p_at_least(p, alpha: float = ALPHA) -> bool:
     return _finite(p) and float(p) >= alpha
 
 
-def rows(main: Path, snr: Path, replication: Path, equal_budget: Path) -> list[tuple[str, str, str]]:
+def rows(main: Path, snr: Path, replication: Path, equal_budget: Path,
+         positive_control: Path) -> list[tuple[str, str, str]]:
     """``(claim, evidence, verdict)`` per row; see the module docstring."""
     meta_path, comp_path = main / "meta.csv", main / "comparisons.csv"
     meta = _csv(meta_path, ("layer", "endpoint", "backbones", "pairs", "gain", "ci_lo", "ci_hi", "p", "p_holm"))
@@ -168,7 +174,45 @@ def rows(main: Path, snr: Path, replication: Path, equal_budget: Path) -> list[t
     out.append(_equal_budget_row(equal_budget))
     out.append(_k_row(main))
     out.append(_replication_row(comp, comp_path, replication))
+    out.append(_power_row(o, pairs, positive_control))
     return out
+
+
+def _power_row(pooled: pd.Series, pairs: pd.DataFrame, positive_control: Path) -> tuple[str, str, str]:
+    """What the benchmark could have detected: the pooled overall MDE, the per-pair MDE ranges by backbone
+    (SASRec apart), and the positive control's oracle against the BFT arms for the noisy users."""
+    path = positive_control / "readout.json"
+    try:
+        gains = json.loads(path.read_text())["gains"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"verdict_table: {path} is not a readout with 'gains' ({type(e).__name__}); rerun "
+                         f"python results/positive_control/readout.py --root {positive_control}") from None
+    group = "noisy users"
+    oracle = [k for k in gains if k.startswith("oracle")]
+    arms = [k for k in gains if k.startswith("bft") and group in gains[k]]
+    if len(oracle) != 1 or group not in gains[oracle[0]] or not arms:
+        raise SystemExit(f"verdict_table: {path} lacks the oracle's or the BFT arms' '{group}' gains; rerun its "
+                         "readout.py")
+    o, seeds = gains[oracle[0]][group], len(gains[oracle[0]].get("seeds", []))
+    arm = {k: gains[k][group] for k in arms}
+
+    def mde_range(models) -> str:
+        m = pairs.loc[pairs["model"].isin(models), "mde_seeds"]
+        return f"{100 * m.min():.1f}–{100 * m.max():.1f}%" if m.notna().any() else "–"
+
+    lo, hi = min(a["gain_seeds"] for a in arm.values()), max(a["gain_seeds"] for a in arm.values())
+    detected = o["gain_seeds"] > 0 and o["p_seeds"] < ALPHA and o["ci"][0] > 0
+    bft_none = all(_p_at_least(a["p_seeds"]) for a in arm.values())
+    others = sorted(set(pairs["model"]) - {"sasrec"})
+    return ("(power) a real effect would have been seen",
+            f"pooled overall test detects {gain_text(pooled['mde']).lstrip('+')} at power 0.8; one pair over "
+            f"{int(pairs['seeds'].max())} seeds {mde_range(['sasrec'])} (SASRec), {mde_range(others)} "
+            f"({', '.join(name(m) for m in others)}); positive control (`{positive_control}/`, planted unreliable "
+            f"items and noisy users, {seeds} seeds per arm): clean inputs gain "
+            f"{gain_text(o['gain_seeds'])} {_ci(*o['ci'])} for the {group} (p_seeds {p_text(o['p_seeds'])}), "
+            f"the {len(arm)} BFT arms {gain_text(lo)} to {gain_text(hi)} (none with p_seeds < {ALPHA:g})",
+            _verdict("the benchmark detects such effects; BFT obtains none", detected and bft_none,
+                     "the oracle's gain positive with its interval above 0, and no BFT arm's at p < 0.05"))
 
 
 def _snr_row(snr: Path) -> tuple[str, str, str]:
@@ -331,9 +375,9 @@ def pooled_table(main: Path) -> str:
     return "\n".join(lines)
 
 
-def table(main: Path, snr: Path, replication: Path, equal_budget: Path) -> str:
+def table(main: Path, snr: Path, replication: Path, equal_budget: Path, positive_control: Path) -> str:
     lines = ["| the paper's claim | evidence (seed as the unit; main grid unless named) | verdict |", "|---|---|---|"]
-    lines += [f"| {c} | {e} | {v} |" for c, e, v in rows(main, snr, replication, equal_budget)]
+    lines += [f"| {c} | {e} | {v} |" for c, e, v in rows(main, snr, replication, equal_budget, positive_control)]
     return "\n".join(lines)
 
 
@@ -345,13 +389,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--replication", type=Path,
                     help="the replication's folder (runs/, tables_seeds3-7/, tables_bft_seeds3-7/)")
     ap.add_argument("--equal-budget", type=Path, help="the equal-budget study's tables folder")
+    ap.add_argument("--positive-control", type=Path, help="the positive control's folder (readout.json)")
     ap.add_argument("--pooled", action="store_true", help="the pooled rows of <main>/meta.csv instead (--main only)")
     return ap
 
 
 def render(args: argparse.Namespace) -> str:
     """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
-    others = {"--snr": args.snr, "--replication": args.replication, "--equal-budget": args.equal_budget}
+    others = {"--snr": args.snr, "--replication": args.replication, "--equal-budget": args.equal_budget,
+              "--positive-control": args.positive_control}
     if args.pooled:
         if any(others.values()):
             raise SystemExit("verdict_table: --pooled reads --main only; drop " +
@@ -360,12 +406,13 @@ def render(args: argparse.Namespace) -> str:
     missing = [k for k, v in others.items() if v is None]
     if missing:
         raise SystemExit(f"verdict_table: give {', '.join(missing)} (or --pooled for the pooled rows alone)")
-    return table(args.main, args.snr, args.replication, args.equal_budget)
+    return table(args.main, args.snr, args.replication, args.equal_budget, args.positive_control)
 
 
 def inputs(args: argparse.Namespace) -> list[Path]:
     """The paths a command reads (``check_tables``: a command whose inputs are not in the checkout fails)."""
-    return [p for p in (args.main, args.snr, args.replication, args.equal_budget) if p is not None]
+    return [p for p in (args.main, args.snr, args.replication, args.equal_budget, args.positive_control)
+            if p is not None]
 
 
 def main(argv: list[str] | None = None) -> int:

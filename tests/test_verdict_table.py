@@ -1,5 +1,6 @@
 """scripts/verdict_table.py: the README's verdict on the paper, printed from the committed tables; a verdict whose
 rule the numbers no longer meet reads "to restate", so that check_tables fails until a person rereads it."""
+import json
 import shutil
 
 import pandas as pd
@@ -12,7 +13,7 @@ ct = load_script("check_tables")
 
 FOLDERS = {"main": "results/paper_main/tables", "snr": "results/snr",
            "replication": "results/paper_main/replication",
-           "equal-budget": "results/equal_budget/office_sasrec/tables"}
+           "equal-budget": "results/equal_budget/office_sasrec/tables", "positive-control": "results/positive_control"}
 
 
 def _argv():
@@ -33,6 +34,7 @@ def _copy(tmp_path):
                 dst = tmp_path / src.relative_to(REPO)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(src, dst)
+    shutil.copy(REPO / FOLDERS["positive-control"] / "readout.json", tmp_path / FOLDERS["positive-control"])
     for src in (REPO / FOLDERS["replication"] / "runs").glob("sports/hstu/*/seed*/metrics.json"):
         dst = tmp_path / src.relative_to(REPO)
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -49,7 +51,7 @@ def test_the_readme_table_is_what_the_committed_tables_print(monkeypatch):
     readme = (REPO / "README.md").read_text().splitlines()
     at = readme.index(printed[0])
     assert readme[at:at + len(printed)] == printed
-    assert len(printed) == 10 and not any("to restate" in r for r in printed)
+    assert len(printed) == 11 and not any("to restate" in r for r in printed)
 
 
 def test_a_verdict_whose_rule_no_longer_holds_says_so(tmp_path, monkeypatch):
@@ -123,7 +125,7 @@ def test_pooled_rows_are_the_docs_table_and_refuse_other_folders(monkeypatch, ca
     assert vt.main(["--main", FOLDERS["main"], "--pooled", "--snr", FOLDERS["snr"]]) == 2
     assert "--pooled reads --main only; drop --snr" in capsys.readouterr().err
     assert vt.main(["--main", FOLDERS["main"]]) == 2
-    assert "give --snr, --replication, --equal-budget" in capsys.readouterr().err
+    assert "give --snr, --replication, --equal-budget, --positive-control" in capsys.readouterr().err
 
 
 def _edit(root, rel, where, column, value):
@@ -155,6 +157,29 @@ BREAKS = {  # claim (its first words) -> what moves the numbers off the verdict'
     "(our ablation)": [(REP, {"layer": "bft_h", "stratum": "cold", "metric": "HR@10", "tag": None}, "seed_gains",
                         "3:+0.1098 4:+0.0052 5:+0.0126 6:+0.0944")],
 }
+
+
+def _readout(root, arm, group, **values):
+    path = root / FOLDERS["positive-control"] / "readout.json"
+    data = json.loads(path.read_text())
+    data["gains"][arm][group].update(values)
+    path.write_text(json.dumps(data))
+
+
+def test_the_power_row_reads_the_positive_control(tmp_path, monkeypatch):
+    root = _copy(tmp_path)
+    claim = "(power) a real effect would have been seen"
+    before = _rows(_render(root, monkeypatch))
+    assert before[claim] == "the benchmark detects such effects; BFT obtains none"
+    _readout(root, "bft tau=mlp", "noisy users", gain_seeds=0.15, p_seeds=0.01)  # a BFT arm that gains
+    after = _rows(_render(root, monkeypatch))
+    assert after[claim].startswith("to restate:") and [k for k in after if after[k] != before[k]] == [claim]
+    root = _copy(tmp_path / "b")
+    _readout(root, "oracle (standard, planted inputs dropped)", "noisy users", ci=[-0.01, 0.4])  # not seen
+    assert _rows(_render(root, monkeypatch))[claim].startswith("to restate:")
+    (root / FOLDERS["positive-control"] / "readout.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a readout with 'gains'"):
+        _render(root, monkeypatch)
 
 
 @pytest.mark.parametrize("claim", sorted(BREAKS))
