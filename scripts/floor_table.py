@@ -6,8 +6,13 @@ ones), HR@10 on the rarest items (Q0) for ``markov`` and every trained model, an
 and for the best trained model (named). The models are the ``HR@10 <model>`` columns ``floor.csv`` has, so a
 model that joins the tables (GRU4Rec) joins this table by itself. Rows follow the main grid's dataset order.
 
+``--best`` prints instead how often each model is best, over every untagged row of ``floor.csv`` (its ``best
+HR@10`` column: every dataset's overall, Q0–Q4, cold and warm rows), naming the rows of each model that is best
+in a few (``–``: no model has a hit there).
+
 Usage (from the repository root):
     python scripts/floor_table.py --tables results/paper_main/tables
+    python scripts/floor_table.py --tables results/paper_main/tables --best
 
 Errors (one line, exit 2): no ``floor.csv`` in ``--tables``; no ``markov`` column or no trained model; a dataset
 without its overall, Q0 or cold row.
@@ -30,6 +35,16 @@ DATASETS = ("sports", "instruments", "beauty", "toys", "yelp", "ml-1m")  # the m
 KEY_CELLS = 1  # the leading cell that names a row (the dataset), for check_tables' reports
 
 
+def _floor(tables: Path) -> tuple[Path, pd.DataFrame]:
+    """``floor.csv``'s path and its untagged rows, all as text; a missing file is a one-line SystemExit."""
+    path = tables / "floor.csv"
+    if not path.is_file():
+        raise SystemExit(f"floor_table: no {path}; run bftrec-report tables with a counted model (pop, markov) "
+                         "in the runs, or give its --out folder (--tables)")
+    frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    return path, frame[frame["tag"] == ""]
+
+
 def _models(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     models = [c.removeprefix("HR@10 ") for c in frame.columns if c.startswith("HR@10 ") and c != "best HR@10"]
     counted = [m for m in COUNTED if m in models]
@@ -39,12 +54,7 @@ def _models(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 def table(tables: Path) -> str:
     """The Markdown table (see the module docstring); a one-line SystemExit on bad input."""
-    path = tables / "floor.csv"
-    if not path.is_file():
-        raise SystemExit(f"floor_table: no {path}; run bftrec-report tables with a counted model (pop, markov) "
-                         "in the runs, or give its --out folder (--tables)")
-    frame = pd.read_csv(path, keep_default_na=False, dtype=str)
-    frame = frame[frame["tag"] == ""]
+    path, frame = _floor(tables)
     counted, trained = _models(frame)
     if "markov" not in counted or not trained:
         raise SystemExit(f"floor_table: {path} needs markov and a trained model; it has {counted + trained}")
@@ -69,16 +79,35 @@ def table(tables: Path) -> str:
     return "\n".join(lines)
 
 
+NAMED = 8  # a model best in at most this many rows has them named
+
+
+def best_table(tables: Path) -> str:
+    """How often each model is best (``--best``; see the module docstring)."""
+    path, frame = _floor(tables)
+    if "best HR@10" not in frame.columns or frame.empty:
+        raise SystemExit(f"floor_table: {path} has no untagged rows with a 'best HR@10' column; regenerate it")
+    counts = frame["best HR@10"].value_counts()
+    lines = ["| best HR@10 | rows | where |", "|---|---:|---|"]
+    for model, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        rows = frame[frame["best HR@10"] == model]
+        where = ", ".join(f"{name(d)} {st}" for d, st in zip(rows["dataset"], rows["stratum"])) if n <= NAMED else ""
+        label = "– (no hit)" if model == "–" else name(model) if model not in COUNTED else model
+        lines.append(f"| {label} | {n} of {len(frame)} | {where} |")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line (``scripts/check_tables.py`` parses quoted commands with it)."""
     ap = argparse.ArgumentParser(prog="floor_table.py", description=__doc__.split("\n")[0])
     ap.add_argument("--tables", type=Path, required=True, help="a bftrec-report tables folder with floor.csv")
+    ap.add_argument("--best", action="store_true", help="how often each model is best instead")
     return ap
 
 
 def render(args: argparse.Namespace) -> str:
     """What ``main`` prints for parsed ``args`` (``check_tables`` calls it)."""
-    return table(args.tables)
+    return best_table(args.tables) if args.best else table(args.tables)
 
 
 def inputs(args: argparse.Namespace) -> list[Path]:

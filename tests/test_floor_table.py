@@ -50,3 +50,15 @@ def test_the_docs_table_is_what_the_committed_floor_prints(monkeypatch):
     docs = (REPO / "docs" / "results.md").read_text().splitlines()
     at = docs.index(printed[0])
     assert docs[at:at + len(printed)] == printed and len(printed) == 8
+
+
+def test_best_counts_every_row_and_names_the_few(tmp_path):
+    root = _floor(tmp_path)
+    frame = pd.read_csv(root / "floor.csv", keep_default_na=False)
+    frame.loc[frame.index[:2], "best HR@10"] = "markov"
+    frame.loc[frame.index[2], "best HR@10"] = "–"
+    frame.to_csv(root / "floor.csv", index=False)
+    lines = ft.best_table(root).splitlines()
+    assert lines[2] == "| GRU4Rec | 12 of 15 |  |"  # best in more than NAMED rows: not listed
+    assert "| markov | 2 of 15 | ML-1M overall, ML-1M Q0 |" in lines and "| – (no hit) | 1 of 15 | ML-1M Q1 |" in lines
+    assert ft.main(["--tables", str(root), "--best"]) == 0
