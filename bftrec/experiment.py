@@ -45,6 +45,7 @@ from bftrec.metrics import cold_threshold, stratify
 from bftrec.models import MODELS, DataInfo
 from bftrec.rundir import (
     FAILED,
+    FinishedInterrupted,
     Interrupted,
     NotThisRun,
     fault_line,
@@ -196,8 +197,9 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
             file written); a directory held by another live job; with ``skip_finished``, a directory
             of another config (one line). A failed run leaves ``FAILED`` (its one-line reason) in its
             directory and no ``metrics.json``.
-        Interrupted: Ctrl-C (the resume command); or, after a finished run, a Ctrl-C swallowed where no training
-            step followed it (test scoring): ``metrics.json`` is written, and the caller (a sweep) stops.
+        Interrupted: Ctrl-C (the resume command; a grid cell: rerun the grid); ``FinishedInterrupted`` (carrying
+            the metrics) after a finished run, for a Ctrl-C swallowed where no training step followed it (test
+            scoring): ``metrics.json`` is written, and the caller stops (a sweep; bftrec-tune keeps the trial).
     """
     started = time.time()
     overrides = task_overrides(cfg)
@@ -247,8 +249,9 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
                     log.info("run directory %s (composed config in config.yaml)", out_dir)
                 metrics = train_and_test(g, out_dir, device, resolved, started, on_validate)
     except KeyboardInterrupt as e:  # issue 50: one line with the resume command, not a traceback
-        mark_failed(out_dir, e)
-        raise Interrupted(resume_hint(out_dir)) from None
+        hint = resume_hint(out_dir, grid=bool(root.skip_finished))
+        mark_failed(out_dir, e, hint)
+        raise Interrupted(hint) from None
     except BaseException as e:
         fault = fault_line(e)
         if fault:  # a full disk, an unwritable folder, out of memory: one line, FAILED holds it
@@ -261,8 +264,9 @@ def run(cfg: DictConfig, out_dir: Optional[Path] = None, report: Optional[dict] 
     if report is not None:
         report["status"] = status  # only once the cell is done: a crash stays "failed"
     if late:  # finished, but the user asked to stop: a sweep stops after this cell instead of going on
-        raise Interrupted(f"interrupted after {out_dir} finished (the Ctrl-C came after its last training step); "
-                          "rerun the same command to go on: finished cells are skipped")
+        raise FinishedInterrupted(f"interrupted after {out_dir} finished (the Ctrl-C came after its last training "
+                                  "step; its metrics.json is written); in a grid, rerun the same command to go on "
+                                  "(finished cells are skipped)", metrics)
     return metrics
 
 

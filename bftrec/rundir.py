@@ -37,15 +37,15 @@ class NotThisRun(ConfigError):
     left exactly as it is, never marked ``FAILED``."""
 
 
-def mark_failed(out_dir: Path, e: BaseException) -> None:
-    """Write ``out_dir/FAILED`` with the one-line reason, so that a half-written directory is never
-    taken for a run (readers look for ``metrics.json``; ``FAILED`` says why there is none)."""
+def mark_failed(out_dir: Path, e: BaseException, reason: Optional[str] = None) -> None:
+    """Write ``out_dir/FAILED`` with the one-line reason (``reason``, else the error's; an interrupt's: the
+    resume command), so that a half-written directory is never taken for a run (readers look for
+    ``metrics.json``; ``FAILED`` says why there is none)."""
     if isinstance(e, NotThisRun) or not is_main() or not out_dir.is_dir() or (out_dir / "metrics.json").exists():
         return
-    if isinstance(e, KeyboardInterrupt):
-        reason = resume_hint(out_dir)
-    else:
-        reason = " ".join(one_line(e).split()) or type(e).__name__
+    if reason is None:
+        reason = resume_hint(out_dir) if isinstance(e, KeyboardInterrupt) else (" ".join(one_line(e).split())
+                                                                                 or type(e).__name__)
     try:
         (out_dir / FAILED).write_text(f"{type(e).__name__}: {reason}\n")
     except OSError:
@@ -89,9 +89,23 @@ class Interrupted(KeyboardInterrupt):
     next cell of a sweep; Optuna) takes it for a failed run."""
 
 
-def resume_hint(out_dir: Path) -> str:
-    """What to do after an interrupt: the exact resume command when an epoch was saved (``last.pt``)."""
+class FinishedInterrupted(Interrupted):
+    """A Ctrl-C recorded after a run's last training step (swallowed during test scoring): the run finished and
+    wrote ``metrics.json`` (``.metrics``), and then stops its caller (a sweep stops; ``bftrec-tune`` keeps the
+    trial and stops the study)."""
+
+    def __init__(self, message: str, metrics: dict):
+        super().__init__(message)
+        self.metrics = metrics
+
+
+def resume_hint(out_dir: Path, grid: bool = False) -> str:
+    """What to do after an interrupt: the exact resume command when an epoch was saved (``last.pt``); for a grid
+    cell (``skip_finished``), rerunning the grid's command, which resumes the cell in place."""
     if (Path(out_dir) / "last.pt").exists():
+        if grid:
+            return (f"interrupted; rerun the same command to continue {out_dir} in place (a grid resumes its "
+                    "unfinished cells from last.pt and skips its finished ones)")
         return f"interrupted; continue it with: bftrec-train trainer.resume={out_dir}"
     return f"interrupted before the first epoch was saved ({out_dir}); rerun the same command to start again"
 

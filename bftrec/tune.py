@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -255,11 +256,14 @@ def budget_trials(study, n: int) -> list:
     return sorted(done, key=lambda t: t.number)[:n]
 
 
-def objective(study_dir: Path, base: list[str], space: dict):
-    """The trial function: compose, run to early stopping with pruning, return validation select_metric."""
+def objective(study_dir: Path, base: list[str], space: dict, stop: Optional[dict] = None):
+    """The trial function: compose, run to early stopping with pruning, return validation select_metric. A
+    Ctrl-C seen only after the trial's run finished (``FinishedInterrupted``) keeps the trial's value, stops the
+    study and sets ``stop["interrupted"]`` (``tune`` then ends as an interrupt)."""
     import optuna
 
     from bftrec.experiment import run
+    from bftrec.rundir import FinishedInterrupted
 
     def fn(trial) -> float:
         cfg = compose([*base, *suggest(trial, space)])
@@ -270,7 +274,13 @@ def objective(study_dir: Path, base: list[str], space: dict):
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned at epoch {epoch}: valid {metric} {score:.4f} below the median")
 
-        metrics = run(cfg, study_dir / f"trial{trial.number:03d}", on_validate=on_validate)
+        try:
+            metrics = run(cfg, study_dir / f"trial{trial.number:03d}", on_validate=on_validate)
+        except FinishedInterrupted as e:  # finished before the Ctrl-C was seen: a complete trial, then stop
+            metrics = e.metrics
+            trial.study.stop()
+            if stop is not None:
+                stop["interrupted"] = True
         trial.set_user_attr("run_dir", str(study_dir / f"trial{trial.number:03d}"))
         return float(metrics["valid"][metric])
 
@@ -358,9 +368,13 @@ def tune(args: argparse.Namespace, base: list[str]) -> list[Path]:
             from optuna.trial import TrialState
 
             # a trial that diverges or fails on bad data is recorded as FAIL and the study goes on
-            study.optimize(objective(study_dir, layer_base, space), n_trials=left,
+            stop: dict = {}
+            study.optimize(objective(study_dir, layer_base, space, stop), n_trials=left,
                            catch=(ValueError, RuntimeError, FileNotFoundError),
                            callbacks=[MaxTrialsCallback(args.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))])
+            if stop.get("interrupted"):  # its last trial finished and counts; the Ctrl-C ends the tuning
+                write_outputs(study, study_dir, space, args.trials)
+                raise KeyboardInterrupt
         if finished(study) < args.trials:
             log.warning("study %s: %d of %d trials finished (the others failed: trials.csv); rerun to top it up",
                         name, finished(study), args.trials)

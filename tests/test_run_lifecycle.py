@@ -450,6 +450,29 @@ def test_a_swallowed_ctrl_c_still_ends_the_run_at_the_next_step(tmp_path, monkey
     assert run(smoke_cfg(tmp_path, "trainer.epochs=2"), tmp_path / "again")["epochs_run"] == 2
 
 
+def test_ctrl_c_in_a_grid_cell_says_to_rerun_the_grid(tmp_path, monkeypatch):
+    """A grid cell (``skip_finished``) resumes in place when its grid's command is rerun; ``trainer.resume`` would
+    train it into a new folder the grid never reads. So its interrupt line (and FAILED) say to rerun, and the
+    rerun finishes the cell in its own folder."""
+    from bftrec import trainer
+    from bftrec.rundir import Interrupted
+
+    real_save = trainer._save_progress
+
+    def save_then_interrupt(*a, **k):
+        real_save(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "_save_progress", save_then_interrupt)
+    cell = tmp_path / "runs" / "cell"
+    with pytest.raises(Interrupted, match=f"rerun the same command to continue {cell} in place"):
+        run(smoke_cfg(tmp_path, "skip_finished=true", "trainer.epochs=2"), cell)
+    assert "rerun the same command" in (cell / "FAILED").read_text()
+    monkeypatch.setattr(trainer, "_save_progress", real_save)
+    m = run(smoke_cfg(tmp_path, "skip_finished=true", "trainer.epochs=2"), cell)
+    assert m["epochs_run"] == 2 and not (cell / "FAILED").exists()
+
+
 def test_a_cell_that_finished_before_a_late_ctrl_c_is_ledgered_as_ran(tmp_path, monkeypatch):
     """In a sweep, the cell whose test scoring swallowed a Ctrl-C is complete: its ledger line says ``ran``, and
     the interrupt stops the sweep (it propagates as ``Interrupted``, which Hydra's job runner does not catch)."""

@@ -293,3 +293,32 @@ def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path
     main(args)
     states = [t.state.name for t in optuna.load_study(study_name="c_standard", storage=storage).trials]
     assert states.count("COMPLETE") == 2
+
+
+def test_a_ctrl_c_after_a_trials_last_step_keeps_that_trial_and_stops(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C swallowed after trial 0's last training step (its test scoring): the trial finished, so it is
+    COMPLETE with its value, no other trial starts, trials.csv is written, and the command ends as an interrupt."""
+    from bftrec import trainer
+
+    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
+    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "late", "--trials", "2", "--", *SMOKE]
+    real_save, saves = trainer._save_progress, []
+
+    def save_then_swallow(*a, **k):
+        real_save(*a, **k)
+        saves.append(1)
+        if len(saves) == 2:  # trial 0's last epoch saved: the Ctrl-C goes nowhere, as inside a __del__
+            try:
+                trainer.on_sigint(2, None)
+            except KeyboardInterrupt:
+                pass
+
+    monkeypatch.setattr(trainer, "_save_progress", save_then_swallow)
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 130 and "bftrec-tune: interrupted" in capsys.readouterr().err
+    storage = f"sqlite:///{tmp_path / 'o' / 'studies.db'}"
+    (t,) = optuna.load_study(study_name="late_standard", storage=storage).trials
+    assert t.state.name == "COMPLETE" and t.value is not None and t.user_attrs["run_dir"].endswith("trial000")
+    assert (tmp_path / "o" / "late_standard" / "trials.csv").exists()
+    assert not trainer._INTERRUPT["pending"]
