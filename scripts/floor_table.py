@@ -7,8 +7,9 @@ and for the best trained model (named). The models are the ``HR@10 <model>`` col
 model that joins the tables (GRU4Rec) joins this table by itself. Rows follow the main grid's dataset order.
 
 ``--best`` prints instead how often each model is best, over every untagged row of ``floor.csv`` (its ``best
-HR@10`` column: every dataset's overall, Q0–Q4, cold and warm rows), naming the rows of each model that is best
-in a few (``–``: no model has a hit there).
+HR@10`` column: every dataset's overall, Q0–Q4, cold and warm rows; a tie counts for each model in it, marked),
+naming the rows of each model that is best in a few (``–``: no model has a hit there). Values are read as
+``floor.csv`` writes them: ``–`` for none, and a value with a note (other users) is printed but never best.
 
 Usage (from the repository root):
     python scripts/floor_table.py --tables results/paper_main/tables
@@ -70,13 +71,30 @@ def table(tables: Path) -> str:
                 raise SystemExit(f"floor_table: {len(hit)} untagged {stratum} rows for {ds} in {path} (one "
                                  "expected); regenerate the tables")
             rows[stratum] = hit.iloc[0]
-        cold = rows["cold"]
-        best = max(trained, key=lambda m: float(cold[f"HR@10 {m}"]) if cold[f"HR@10 {m}"] else -1.0)
         cells = ([rows["overall"][f"HR@10 {m}"] or "–" for m in counted + trained]
                  + [rows["Q0"][f"HR@10 {m}"] or "–" for m in ["markov"] + trained]
-                 + [cold["HR@10 markov"] or "–", f"{cold[f'HR@10 {best}']} ({name(best)})"])
+                 + [rows["cold"]["HR@10 markov"] or "–", _best_cell(rows["cold"], trained)])
         lines.append(f"| {name(ds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _plain(text: str) -> float | None:
+    """A floor.csv value as a number; None for ``–``, an empty cell, or a value with a note (``0.0123 (1200
+    users)``: on other users than the row's, so not comparable, as ``bftrec.report.floor`` leaves it out of best)."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _best_cell(row: pd.Series, trained: list[str]) -> str:
+    """The best trained model's value on ``row`` with its name (ties: every name), ``–`` where none has a hit."""
+    values = {m: _plain(row[f"HR@10 {m}"]) for m in trained}
+    values = {m: v for m, v in values.items() if v is not None}
+    top = max(values.values(), default=0.0)
+    if top <= 0:
+        return "–"
+    return f"{top:.4f} ({', '.join(name(m) for m, v in values.items() if v == top)})"
 
 
 NAMED = 8  # a model best in at most this many rows has them named
@@ -87,13 +105,15 @@ def best_table(tables: Path) -> str:
     path, frame = _floor(tables)
     if "best HR@10" not in frame.columns or frame.empty:
         raise SystemExit(f"floor_table: {path} has no untagged rows with a 'best HR@10' column; regenerate it")
-    counts = frame["best HR@10"].value_counts()
+    where: dict[str, list[str]] = {}
+    for ds, stratum, best in zip(frame["dataset"], frame["stratum"], frame["best HR@10"]):
+        models = [m.strip() for m in str(best).split(",") if m.strip()] or ["–"]
+        for m in models:  # a tie counts for every model in it
+            where.setdefault(m, []).append(f"{name(ds)} {stratum}" + (" (tie)" if len(models) > 1 else ""))
     lines = ["| best HR@10 | rows | where |", "|---|---:|---|"]
-    for model, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        rows = frame[frame["best HR@10"] == model]
-        where = ", ".join(f"{name(d)} {st}" for d, st in zip(rows["dataset"], rows["stratum"])) if n <= NAMED else ""
+    for model, rows in sorted(where.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         label = "– (no hit)" if model == "–" else name(model) if model not in COUNTED else model
-        lines.append(f"| {label} | {n} of {len(frame)} | {where} |")
+        lines.append(f"| {label} | {len(rows)} of {len(frame)} | {', '.join(rows) if len(rows) <= NAMED else ''} |")
     return "\n".join(lines)
 
 

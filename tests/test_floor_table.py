@@ -62,3 +62,25 @@ def test_best_counts_every_row_and_names_the_few(tmp_path):
     assert lines[2] == "| GRU4Rec | 12 of 15 |  |"  # best in more than NAMED rows: not listed
     assert "| markov | 2 of 15 | ML-1M overall, ML-1M Q0 |" in lines and "| – (no hit) | 1 of 15 | ML-1M Q1 |" in lines
     assert ft.main(["--tables", str(root), "--best"]) == 0
+
+
+def test_values_as_floor_csv_writes_them(tmp_path):
+    """``–`` (no cell), a value with a note (other users: printed, never best), ties and no hit at all."""
+    root = _floor(tmp_path)
+    frame = pd.read_csv(root / "floor.csv", keep_default_na=False, dtype=str)
+    sports_cold = (frame["dataset"] == "sports") & (frame["stratum"] == "cold")
+    frame.loc[sports_cold, "HR@10 gru4rec"] = "–"  # GRU4Rec not run there yet
+    frame.loc[sports_cold, "HR@10 sasrec"] = "0.5000 (1200 users)"
+    ml_cold = (frame["dataset"] == "ml-1m") & (frame["stratum"] == "cold")
+    frame.loc[ml_cold, ["HR@10 sasrec", "HR@10 gru4rec"]] = "0.2000"
+    office_cold = (frame["dataset"] == "office") & (frame["stratum"] == "cold")
+    frame.loc[office_cold, ["HR@10 sasrec", "HR@10 gru4rec"]] = "0.0000"
+    frame.loc[frame.index[0], "best HR@10"] = "sasrec, gru4rec"
+    frame.to_csv(root / "floor.csv", index=False)
+    rows = {r.split(" | ")[0]: r for r in ft.table(root).splitlines()[2:]}
+    assert rows["| Sports"].endswith("| – |")  # the only other-users value is not best, the other has none
+    assert "| 0.5000 (1200 users) |" not in rows["| Sports"]  # cold values of trained models are not columns
+    assert rows["| ML-1M"].endswith("| 0.2000 (SASRec, GRU4Rec) |") and rows["| Office"].endswith("| – |")
+    best = ft.best_table(root).splitlines()
+    assert any(line.startswith("| SASRec | 1 of 15 | ML-1M overall (tie)") for line in best)
+    assert "| GRU4Rec | 15 of 15 |  |" in best  # a tie counts for each model in it
