@@ -145,6 +145,8 @@ def check_quoted_table(md: Path, command: str, committed: list[str] | None, writ
         rows = printer.render(args).splitlines()
     except SystemExit as e:
         return {"command": label, "result": "failed", "why": str(e.code)}
+    except Exception as e:  # a printer's own bug: this command fails, the others are still checked
+        return {"command": label, "result": "failed", "why": f"the printer raised {type(e).__name__}: {e}"}
     if rows == committed:
         return {"command": label, "result": "same"}
     if write:

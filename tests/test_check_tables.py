@@ -58,3 +58,18 @@ def test_a_command_that_fails_is_reported_not_raised(tmp_path, monkeypatch):
         "`bftrec-report tables --runs results/x --out results/x/tables` (no runs there)\n")
     assert ct.main(["--json", "out.json"]) == 1
     assert json.loads((tmp_path / "out.json").read_text())["counts"] == {"failed": 1}
+
+
+def test_a_printer_that_raises_fails_its_command_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "x").mkdir(parents=True)
+    (tmp_path / "results" / "x" / "README.md").write_text(
+        "Floor (`python scripts/floor_table.py --tables results/x`):\n\n| a |\n|---|\n")
+
+    def broken(args):
+        raise ValueError("could not convert string to float: '–'")
+
+    monkeypatch.setattr(ct.PRINTERS["floor_table"], "render", broken)
+    assert ct.main(["--json", "out.json"]) == 1
+    (res,) = json.loads((tmp_path / "out.json").read_text())["commands"]
+    assert res["result"] == "failed" and "the printer raised ValueError" in res["why"]
