@@ -254,8 +254,11 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
         head = key.split(".")[0].split("@")[0]
         same = head in RESUME_FIXED and OmegaConf.select(cfg, key) == OmegaConf.select(saved, key)
         if (head in RESUME_FIXED and not same) or head in ("debug", "experiment", "tuned"):
-            raise ConfigError(f"trainer.resume={run_dir} continues a run of {what}; drop the override {item!r} "
-                              "(or start a new run without trainer.resume)")
+            raise ConfigError(f"trainer.resume={run_dir} continues a run of {what} with the settings in its "
+                              f"config.yaml; drop the override {item!r} (or start a new run without trainer.resume)")
+        if "." not in key and key not in cfg and key not in ("trainer", "eval"):  # e.g. +tau_variant=lr10
+            raise ConfigError(f"trainer.resume={run_dir}: the group override {item!r} cannot be applied to a run's "
+                              "saved config; set the keys it sets (e.g. layer.tau.lr_scale=...) or start a new run")
     out = saved.copy()
     with open_dict(out):
         for key in ("data_root", "cache_dir", "out_root", "log_level", "print_config", "trainer.resume"):
