@@ -1,4 +1,4 @@
-"""Do the hand-written run rows of the results READMEs hold the numbers of the runs they name?
+"""Do the hand-written tables of the results READMEs hold the numbers of the runs and tables they name?
 
 Many READMEs under ``results/`` describe one run per table row in words (``| `ce_tune/d128/` | CE, D=128 | 7 / 17 |
 0.0342 | ...``): such rows cannot come from a printer, but their numbers can be checked. A row is a **run row** when
@@ -11,6 +11,11 @@ such as ``(+14.1%)`` or ``(p 0.14)`` are ignored):
     test HR@10 / test NDCG@10 (or test MRR)   test.overall[metric]
     best epoch / run                   best_epoch / epochs_run
     best epoch                         best_epoch
+
+Tables of means over runs are checked another way: where the text above a table (up to the previous table or
+heading) cites generated tables in backticks (``tables/variants.md``, or a folder of them), every ``mean ± SD``
+the table prints must be one of those files' ``mean ± SD`` values rounded to the printed precision (the row and
+column are not matched: a value copied into the wrong row can pass).
 
 A metric printed with fewer than three decimals differs (``0.1`` could hide any value), as does one the run does
 not hold. A cell holding a mean over runs (``±``) or not starting with a number (after ``**``, ``+``, ``≈``) is not
@@ -47,8 +52,9 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
 
 
-def tables(md: Path) -> list[tuple[int, list[str], list[list[str]]]]:
-    """``(line number of the header, header cells, rows of cells)`` for every Markdown table in ``md``."""
+def tables(md: Path) -> list[tuple[int, list[str], list[list[str]], str]]:
+    """``(line number of the header, header cells, rows of cells, the text above)`` for every Markdown table in
+    ``md``; the text above runs up to the previous table or heading (the heading included)."""
     lines = md.read_text(errors="replace").split("\n")
     out, i = [], 0
     while i < len(lines) - 1:
@@ -57,11 +63,45 @@ def tables(md: Path) -> list[tuple[int, list[str], list[list[str]]]]:
             while k < len(lines) and lines[k].startswith("|"):
                 rows.append(_cells(lines[k]))
                 k += 1
-            out.append((i + 1, head, rows))
+            j = i - 1
+            while j > 0 and not lines[j].startswith(("|", "#")):
+                j -= 1
+            above = "\n".join(lines[j + 1 if lines[j].startswith("|") else j:i])
+            out.append((i + 1, head, rows, above))
             i = k
         else:
             i += 1
     return out
+
+
+MEAN_SD = re.compile(r"(\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)")
+
+
+def cited_files(above: str, md: Path) -> list[Path]:
+    """The generated tables the text above a table cites in backticks (``tables/variants.md``; a folder: its .md
+    and .csv files), relative to ``md``'s folder."""
+    files = []
+    for name in re.findall(r"`([^`\s]+)`", above):
+        path = md.parent / name
+        if path.is_file() and path.suffix in (".md", ".csv"):
+            files.append(path)
+        elif path.is_dir():
+            files += sorted(path.glob("*.md")) + sorted(path.glob("*.csv"))
+    return files
+
+
+def _decimals(text: str) -> int:
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def check_means(rows: list[list[str]], files: list[Path]) -> tuple[int, list[str]]:
+    """``(mean ± SD values in rows, those no cited file holds)``: a value is held when some ``M ± S`` of a file
+    rounds to it at the precision it is printed with (``0.741 ± 0.019`` from ``0.7407 ± 0.0190``)."""
+    source = [(float(m), float(sd)) for f in files for m, sd in MEAN_SD.findall(f.read_text(errors="replace"))]
+    values = [(c, m, sd) for row in rows for c in row for m, sd in MEAN_SD.findall(c.replace("*", ""))]
+    missing = [f"{m} ± {sd}" for _, m, sd in values
+               if not any(f"{a:.{_decimals(m)}f}" == m and f"{b:.{_decimals(sd)}f}" == sd for a, b in source)]
+    return len(values), missing
 
 
 def run_folder(first_cell: str, md: Path, root: Path) -> Path | None:
@@ -137,7 +177,14 @@ def check_markdown(md: Path, root: Path) -> list[dict]:
     """One outcome per table of ``md`` with run rows: ``same`` or ``differs`` (the rows by their first cell, and
     the cells), or ``failed`` where a run's ``metrics.json`` cannot be read."""
     out = []
-    for line_no, head, rows in tables(md):
+    for line_no, head, rows, above in tables(md):
+        files = cited_files(above, md)
+        if files:
+            n, missing = check_means(rows, files)
+            if n:
+                label = f"{md}:{line_no}: mean ± SD values ({n}, against {', '.join(f.name for f in files)})"
+                out.append({"command": label, "result": "differs", "files": missing} if missing
+                           else {"command": label, "result": "same"})
         if not any(c in COLUMNS or c.startswith("best epoch") for c in head):
             continue
         checked, wrong = 0, []
@@ -184,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%-8s %s%s", res["result"], res["command"],
                  f" ({res['why']})" if "why" in res else f": {', '.join(res['files'])}" if res.get("files") else "")
     bad = [o for o in outcomes if o["result"] != "same"]
-    log.info("%d tables with run rows: %d differ or failed", len(outcomes), len(bad))
+    log.info("%d tables checked (run rows, mean ± SD values): %d differ or failed", len(outcomes), len(bad))
     return 1 if bad else 0
 
 

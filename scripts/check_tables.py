@@ -16,9 +16,9 @@ cell), ``comparison_table`` (per pair), ``verdict_table`` (the README's verdict 
 (the floor at a glance), and checks that the table after it is what it prints,
 line for line: the table must start at the first non-blank line after the paragraph that quotes the command
 (``--write`` puts what it prints there). Such a command that cannot be read (not in backticks), reads a folder not
-in this checkout, or has no table there fails. Last, it checks the hand-written run rows of every table (a row
-naming a committed run folder in its first cell: ``scripts/check_run_rows.py``) against the runs' ``metrics.json``;
-those are reported, never rewritten.
+in this checkout, or has no table there fails. Last, it checks the hand-written tables (``scripts/check_run_rows.py``):
+a row naming a committed run folder in its first cell against the run's ``metrics.json``, and the ``mean ± SD``
+values of a table against the generated tables cited above it; those are reported, never rewritten.
 
 Each command ends ``same``, ``differs`` (the files named; for a quoted table, the rows that moved, by their first
 cells), ``failed`` (its one-line error), ``rewritten`` (``--write``), or ``not rerunnable`` (a ``bftrec-report``

@@ -80,3 +80,22 @@ def test_the_committed_readmes_hold_their_runs_numbers():
 
     outcomes = rr.check_all(REPO)
     assert len(outcomes) >= 5 and all(o["result"] == "same" for o in outcomes), outcomes
+
+
+def test_means_are_checked_against_the_tables_cited_above(tmp_path):
+    study = tmp_path / "results" / "m"
+    (study / "tables").mkdir(parents=True)
+    (study / "tables" / "variants.md").write_text("| tag | valid NDCG@10 |\n|---|---|\n| a | 0.7407 ± 0.0190 |\n")
+    readme = study / "README.md"
+    table = "| arm | valid NDCG@10 | best epoch |\n|---|---|---|\n| `a` | **0.741 ± 0.019** (+2%) | 27 ± 15 |\n"
+    readme.write_text("## Arms\n\nTable: `tables/variants.md`.\n\n" + table)
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "differs" and res["files"] == ["27 ± 15"]  # the epoch is not in the cited table
+    readme.write_text("## Arms\n\nTable: `tables/`.\n\n" + table.replace(" | 27 ± 15 |", " | 27 |"))
+    (res,) = rr.check_markdown(readme, tmp_path)  # a folder: every table in it
+    assert res["result"] == "same" and "(1, against variants.md)" in res["command"]
+    readme.write_text("## Arms\n\nTable: `tables/variants.md`.\n\n" + table.replace("0.741", "0.742"))
+    (res,) = rr.check_markdown(readme, tmp_path)
+    assert res["result"] == "differs" and "0.742 ± 0.019" in res["files"]
+    readme.write_text("## Arms\n\nNo table cited.\n\n" + table)
+    assert rr.check_markdown(readme, tmp_path) == []
