@@ -99,3 +99,20 @@ def test_means_are_checked_against_the_tables_cited_above(tmp_path):
     assert res["result"] == "differs" and "0.742 ± 0.019" in res["files"]
     readme.write_text("## Arms\n\nNo table cited.\n\n" + table)
     assert rr.check_markdown(readme, tmp_path) == []
+
+
+def test_intervals_printed_tables_and_generated_files(tmp_path):
+    study = tmp_path / "results" / "s"
+    (study / "sweep").mkdir(parents=True)
+    (study / "sweep" / "sweep.md").write_text("- Made by `bftrec-report sweep ...`.\n\n| gain | 95% CI |\n|---|---|\n"
+                                              "| -3.1% | [-8.9%, +2.7%] |\n| +0.3% | [-2.1%, +2.7%] |\n")
+    readme = study / "README.md"
+    table = "| HR@10 | r = 0 |\n|---|---|\n| overall | −3.1% [−8.9%, +2.7%], p_Holm 0.57 |\n"
+    readme.write_text("From `sweep/sweep.md`:\n\n" + table)
+    outcomes = rr.check_all(tmp_path)  # sweep.md itself is generated: its command is rechecked, not its text
+    assert [o["result"] for o in outcomes] == ["same"] and "(1, against sweep.md)" in outcomes[0]["command"]
+    readme.write_text("From `sweep/sweep.md`:\n\n" + table.replace("−8.9%", "−8.8%"))
+    (res,) = rr.check_all(tmp_path)
+    assert res["result"] == "differs" and res["files"] == ["[−8.8%, +2.7%]"]
+    readme.write_text("From `sweep/sweep.md`, printed by `python scripts/floor_table.py --tables x`:\n\n" + table)
+    assert rr.check_all(tmp_path) == []  # a printed table: check_tables compares it with its printer
