@@ -174,45 +174,61 @@ def rows(main: Path, snr: Path, replication: Path, equal_budget: Path,
     out.append(_equal_budget_row(equal_budget))
     out.append(_k_row(main))
     out.append(_replication_row(comp, comp_path, replication))
-    out.append(_power_row(o, pairs, positive_control))
+    out.append(_power_row(o, q0, pairs, positive_control))
     return out
 
 
-def _power_row(pooled: pd.Series, pairs: pd.DataFrame, positive_control: Path) -> tuple[str, str, str]:
-    """What the benchmark could have detected: the pooled overall MDE, the per-pair MDE ranges by backbone
-    (SASRec apart), and the positive control's oracle against the BFT arms for the noisy users."""
+def _power_row(pooled: pd.Series, pooled_q0: pd.Series, pairs: pd.DataFrame,
+               positive_control: Path) -> tuple[str, str, str]:
+    """What the benchmark could have detected: the pooled MDEs (overall, Q0), the per-pair overall MDE ranges by
+    backbone (SASRec apart), and the positive control's oracle against the BFT arms for the noisy users. The rule
+    reads them all: the oracle's gain is seen (positive, p < 0.05, interval above 0), the pooled overall test and
+    every arm's test would detect a gain of the oracle's size, and every arm, on the oracle's seeds, stays below it
+    (its interval's top under the oracle's gain) without a gain at p < 0.05."""
     path = positive_control / "readout.json"
+    group = "noisy users"
     try:
         gains = json.loads(path.read_text())["gains"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"verdict_table: {path} is not a readout with 'gains' ({type(e).__name__}); rerun "
-                         f"python results/positive_control/readout.py --root {positive_control}") from None
-    group = "noisy users"
-    oracle = [k for k in gains if k.startswith("oracle")]
-    arms = [k for k in gains if k.startswith("bft") and group in gains[k]]
-    if len(oracle) != 1 or group not in gains[oracle[0]] or not arms:
-        raise SystemExit(f"verdict_table: {path} lacks the oracle's or the BFT arms' '{group}' gains; rerun its "
-                         "readout.py")
-    o, seeds = gains[oracle[0]][group], len(gains[oracle[0]].get("seeds", []))
-    arm = {k: gains[k][group] for k in arms}
+        oracle = [k for k in gains if k.startswith("oracle")]
+        seeds = list(gains[oracle[0]]["seeds"]) if len(oracle) == 1 else []
+        o = {k: gains[oracle[0]][group][k] for k in ("gain_seeds", "p_seeds", "ci")}
+        arm = {k: {f: gains[k][group][f] for f in ("gain_seeds", "p_seeds", "ci", "mde_seeds")}
+               for k in gains if k.startswith("bft") and not k.startswith("clean")}
+        arm_seeds = {k: list(gains[k]["seeds"]) for k in arm}
+        numbers = [o["gain_seeds"], o["p_seeds"], *o["ci"], *(v for a in arm.values() for v in
+                                                            (a["gain_seeds"], a["p_seeds"], a["mde_seeds"], *a["ci"]))]
+        if not seeds or not arm or not all(_finite(v) for v in numbers):
+            raise ValueError("an oracle, its seeds, BFT arms or a number missing")
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise SystemExit(f"verdict_table: {path} is not a readout with the oracle's and the BFT arms' '{group}' "
+                         f"gains ({type(e).__name__}: {e}); rerun python results/positive_control/readout.py "
+                         f"--root {positive_control}") from None
 
     def mde_range(models) -> str:
         m = pairs.loc[pairs["model"].isin(models), "mde_seeds"]
         return f"{100 * m.min():.1f}–{100 * m.max():.1f}%" if m.notna().any() else "–"
 
     lo, hi = min(a["gain_seeds"] for a in arm.values()), max(a["gain_seeds"] for a in arm.values())
-    detected = o["gain_seeds"] > 0 and o["p_seeds"] < ALPHA and o["ci"][0] > 0
-    bft_none = all(_p_at_least(a["p_seeds"]) for a in arm.values())
+    significant = sum(a["p_seeds"] < ALPHA for a in arm.values())
+    size = o["gain_seeds"]
+    seen = size > 0 and o["p_seeds"] < ALPHA and o["ci"][0] > 0
+    powered = _finite(pooled["mde"]) and pooled["mde"] < size and all(a["mde_seeds"] < size for a in arm.values())
+    below = all(a["ci"][1] < size and not (a["gain_seeds"] > 0 and a["p_seeds"] < ALPHA) for a in arm.values())
+    same_seeds = all(s == seeds for s in arm_seeds.values())
     others = sorted(set(pairs["model"]) - {"sasrec"})
     return ("(power) a real effect would have been seen",
-            f"pooled overall test detects {gain_text(pooled['mde']).lstrip('+')} at power 0.8; one pair over "
+            f"pooled tests detect {gain_text(pooled['mde']).lstrip('+')} overall and "
+            f"{gain_text(pooled_q0['mde']).lstrip('+')} on Q0 at power 0.8; one pair's overall test over "
             f"{int(pairs['seeds'].max())} seeds {mde_range(['sasrec'])} (SASRec), {mde_range(others)} "
             f"({', '.join(name(m) for m in others)}); positive control (`{positive_control}/`, planted unreliable "
-            f"items and noisy users, {seeds} seeds per arm): clean inputs gain "
-            f"{gain_text(o['gain_seeds'])} {_ci(*o['ci'])} for the {group} (p_seeds {p_text(o['p_seeds'])}), "
-            f"the {len(arm)} BFT arms {gain_text(lo)} to {gain_text(hi)} (none with p_seeds < {ALPHA:g})",
-            _verdict("the benchmark detects such effects; BFT obtains none", detected and bft_none,
-                     "the oracle's gain positive with its interval above 0, and no BFT arm's at p < 0.05"))
+            f"items and noisy users, {len(seeds)} seeds per arm): clean inputs gain "
+            f"{gain_text(size)} {_ci(*o['ci'])} for the {group} (p_seeds {p_text(o['p_seeds'])}), "
+            f"the {len(arm)} BFT arms {gain_text(lo)} to {gain_text(hi)} (detectable "
+            f"{gain_text(max(a['mde_seeds'] for a in arm.values())).lstrip('+')} at most; {significant} with "
+            f"p_seeds < {ALPHA:g})",
+            _verdict("the benchmark detects such effects; BFT obtains none", seen and powered and below and same_seeds,
+                     "the oracle's gain seen (p < 0.05, interval above 0) and within every test's reach, and every "
+                     "BFT arm, on its seeds, below it with no gain at p < 0.05"))
 
 
 def _snr_row(snr: Path) -> tuple[str, str, str]:

@@ -177,8 +177,22 @@ def test_the_power_row_reads_the_positive_control(tmp_path, monkeypatch):
     root = _copy(tmp_path / "b")
     _readout(root, "oracle (standard, planted inputs dropped)", "noisy users", ci=[-0.01, 0.4])  # not seen
     assert _rows(_render(root, monkeypatch))[claim].startswith("to restate:")
-    (root / FOLDERS["positive-control"] / "readout.json").write_text("{}")
-    with pytest.raises(SystemExit, match="not a readout with 'gains'"):
+    for i, (arm, values) in enumerate([("bft_h", {"mde_seeds": 0.5}),  # a test that could not see the oracle's gain
+                                       ("bft_h", {"gain_seeds": -0.01, "ci": [-0.2, 0.3]})]):  # not clearly below
+        root = _copy(tmp_path / f"c{i}")
+        _readout(root, arm, "noisy users", **values)
+        assert _rows(_render(root, monkeypatch))[claim].startswith("to restate:"), values
+    path = root / FOLDERS["positive-control"] / "readout.json"
+    data = json.loads(path.read_text())
+    data["gains"]["bft"]["seeds"] = [0, 1, 2]  # an arm on other seeds than the oracle's
+    path.write_text(json.dumps(data))
+    _readout(root, "bft_h", "noisy users", ci=[-0.05, 0.05])
+    assert _rows(_render(root, monkeypatch))[claim].startswith("to restate:")
+    _readout(root, "bft", "noisy users", p_seeds=None)
+    with pytest.raises(SystemExit, match="not a readout with the oracle's and the BFT arms'"):
+        _render(root, monkeypatch)
+    path.write_text("{}")
+    with pytest.raises(SystemExit, match="not a readout"):
         _render(root, monkeypatch)
 
 
