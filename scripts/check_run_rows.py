@@ -13,10 +13,13 @@ such as ``(+14.1%)`` or ``(p 0.14)`` are ignored):
     best epoch                         best_epoch
 
 Tables of means over runs are checked another way: where the text above a table (up to the previous table or
-heading) cites generated tables in backticks (``tables/variants.md``, or a folder of them), every ``mean ± SD``
-the table prints must be one of those files' ``mean ± SD`` values rounded to the printed precision, and every
-interval of percentages (``[−8.9%, +2.7%]``) must be printed in one of them (the row and column are not matched:
-a value copied into the wrong row can pass). A table below a quoted printer command is left to check_tables.
+heading) cites generated tables in backticks (``tables/variants.md``, or a study folder: its files and its
+``tables/``; relative to the README, or else to the root), every ``mean ± SD`` the table prints must be one of
+those files' ``mean ± SD`` values rounded to the printed precision (signs and thousands included; a mean under 1
+needs three decimals), and every interval of percentages (``[−8.9%, +2.7%]``) must be printed in one of them.
+The row and column are not matched (a value copied into the wrong row can pass), and a gain printed before its
+interval is not checked. Only hand-written files are read (READMEs, docs/, a pre-registration) and only generated
+ones count as sources; a table below a quoted printer command is left to check_tables.
 
 A metric printed with fewer than three decimals differs (``0.1`` could hide any value), as does one the run does
 not hold. A cell holding a mean over runs (``±``) or not starting with a number (after ``**``, ``+``, ``≈``) is not
@@ -27,8 +30,8 @@ headers above are read: a table that spells them otherwise is not checked.
 Usage (from the repository root):
     python scripts/check_run_rows.py [--only SUBSTRING]
 
-``scripts/check_tables.py`` runs the same check (one outcome per README table with run rows). Exit status 1 when
-a compared cell differs from its run's ``metrics.json``, or a run's ``metrics.json`` cannot be read.
+``scripts/check_tables.py`` runs the same check (one outcome per table checked). Exit status 1 when a compared
+cell differs from its run's ``metrics.json`` or its cited tables, or a run's ``metrics.json`` cannot be read.
 """
 from __future__ import annotations
 
@@ -75,43 +78,72 @@ def tables(md: Path) -> list[tuple[int, list[str], list[list[str]], str]]:
     return out
 
 
-PRINTED = re.compile(r"`python\s+scripts/\w+\.py\s")  # a table below a quoted printer command
-MEAN_SD = re.compile(r"(\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)")
+PRINTERS = ("cell_table", "comparison_table", "verdict_table", "floor_table")  # as check_tables.PRINTERS (tested)
+PRINTED = re.compile(rf"`python\s+scripts/(?:{'|'.join(PRINTERS)})\.py\s")  # a table below a quoted printer command
+SIGNED = r"(?<![\d.,])([+−–-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"  # signed, thousands (9,214) whole
+MEAN_SD = re.compile(SIGNED + r" ± (\d+(?:\.\d+)?)")
+INTERVAL = re.compile(r"\[" + SIGNED + r" ?%, " + SIGNED + r" ?%\]")  # a printed 95% CI of a gain, in percent
 
 
-def cited_files(above: str, md: Path) -> list[Path]:
+def hand_written(md: Path) -> bool:
+    """A Markdown file people write (a README, docs/, a pre-registration); every other one under results/ was
+    written by a command (tables, summaries, readouts), which check_tables reruns where a README quotes it."""
+    return md.name in ("README.md", "preregistration.md") or "docs" in md.parts
+
+
+def cited_files(above: str, md: Path, root: Path) -> list[Path]:
     """The generated tables the text above a table cites in backticks (``tables/variants.md``; a folder: its .md
-    and .csv files), relative to ``md``'s folder."""
+    and .csv files and those of its ``tables/``), relative to ``md``'s folder or else to ``root``; hand-written
+    files never count as sources."""
     files = []
-    for name in re.findall(r"`([^`\s]+)`", above):
-        path = md.parent / name
-        if path.is_file() and path.suffix in (".md", ".csv"):
-            files.append(path)
-        elif path.is_dir():
-            files += sorted(path.glob("*.md")) + sorted(path.glob("*.csv"))
-    return files
+    for name in re.findall(r"`([^`\s]{1,200})`", above):
+        for base in (md.parent, root):
+            path = base / name
+            if path.is_file() and path.suffix in (".md", ".csv"):
+                files.append(path)
+                break
+            if path.is_dir():  # a study folder: its own files and its tables/
+                files += [f for d in (path, path / "tables") for f in sorted(d.glob("*.md")) + sorted(d.glob("*.csv"))]
+                break
+    return [f for f in dict.fromkeys(files) if not hand_written(f)]
 
 
 def _decimals(text: str) -> int:
     return len(text.split(".")[1]) if "." in text else 0
 
 
-INTERVAL = re.compile(r"\[([+−-]?\d+(?:\.\d+)?%), ([+−-]?\d+(?:\.\d+)?%)\]")  # a printed 95% CI of a gain
+def _minus(text: str) -> str:
+    """A printed number as Python reads it: any minus sign as ``-``, no thousands separator."""
+    return text.replace("−", "-").replace("–", "-").replace(",", "")
+
+
+def _rounds_to(value: float, printed: str) -> bool:
+    """``value`` printed at ``printed``'s precision is ``printed`` (either rounding of a half: 0.0745 -> 0.074 or
+    0.075, since a table may round the decimal and not the binary value)."""
+    d = _decimals(printed)
+    target = float(_minus(printed))
+    return abs(value - target) <= 0.5 * 10 ** -d + 1e-12
 
 
 def check_means(rows: list[list[str]], files: list[Path]) -> tuple[int, list[str]]:
     """``(mean ± SD values and gain intervals in rows, those no cited file holds)``: a ``mean ± SD`` is held when
     some ``M ± S`` of a file rounds to it at the precision it is printed with (``0.741 ± 0.019`` from ``0.7407 ±
-    0.0190``); an interval of percentages (``[−8.9%, +2.7%]``) when a file prints the same interval (either minus)."""
+    0.0190``), signs included; a mean under 1 printed with fewer than ``MIN_DECIMALS`` decimals (``0.1 ± 0.0``)
+    is too coarse to check, and differs; an interval of percentages (``[−8.9%, +2.7%]``) is held when a file
+    prints the same interval (any minus sign)."""
     texts = [f.read_text(errors="replace") for f in files]
-    source = [(float(m), float(sd)) for t in texts for m, sd in MEAN_SD.findall(t)]
+    source = [(float(_minus(m)), float(_minus(sd))) for t in texts for m, sd in MEAN_SD.findall(t)]
     cells = [c.replace("*", "") for row in rows for c in row]
     values = [(m, sd) for c in cells for m, sd in MEAN_SD.findall(c)]
-    missing = [f"{m} ± {sd}" for m, sd in values
-               if not any(f"{a:.{_decimals(m)}f}" == m and f"{b:.{_decimals(sd)}f}" == sd for a, b in source)]
-    printed = "\n".join(texts).replace("−", "-")
+    missing = []
+    for m, sd in values:
+        if abs(float(_minus(m))) < 1 and _decimals(m) < MIN_DECIMALS:
+            missing.append(f"{m} ± {sd} (too coarse to check)")
+        elif not any(_rounds_to(a, m) and _rounds_to(b, sd) for a, b in source):
+            missing.append(f"{m} ± {sd}")
+    printed = "\n".join(texts).replace(" %", "%").replace("−", "-").replace("–", "-")
     intervals = [(lo, hi) for c in cells for lo, hi in INTERVAL.findall(c)]
-    missing += [f"[{lo}, {hi}]" for lo, hi in intervals if f"[{lo}, {hi}]".replace("−", "-") not in printed]
+    missing += [f"[{lo}%, {hi}%]" for lo, hi in intervals if f"[{_minus(lo)}%, {_minus(hi)}%]" not in printed]
     return len(values) + len(intervals), missing
 
 
@@ -189,7 +221,7 @@ def check_markdown(md: Path, root: Path) -> list[dict]:
     the cells), or ``failed`` where a run's ``metrics.json`` cannot be read."""
     out = []
     for line_no, head, rows, above in tables(md):
-        files = cited_files(above, md)
+        files = cited_files(above, md, root)
         if files and not PRINTED.search(above):  # a printed table is checked by check_tables against its printer
             n, missing = check_means(rows, files)
             if n:
@@ -230,15 +262,8 @@ def check_all(root: Path, only: str = "") -> list[dict]:
     """``check_markdown`` over the READMEs under ``root/results`` (and ``docs/``, README.md) whose path holds
     ``only``."""
     sources = [*(root / "results").rglob("*.md"), *(root / "docs").rglob("*.md"), root / "README.md"]
-    hand = sorted(p for p in sources if p.is_file() and only in str(p) and not _generated(p))
+    hand = sorted(p for p in sources if p.is_file() and only in str(p) and hand_written(p))
     return [o for md in hand for o in check_markdown(md, root)]
-
-
-def _generated(md: Path) -> bool:
-    """A table file a command wrote (it says so in its first lines: ``generated by `...```, ``Made by `...```):
-    check_tables reruns its command instead."""
-    head = "\n".join(md.read_text(errors="replace").split("\n")[:6]).lower()
-    return "generated by `" in head or "made by `" in head
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,3 +116,32 @@ def test_intervals_printed_tables_and_generated_files(tmp_path):
     assert res["result"] == "differs" and res["files"] == ["[−8.8%, +2.7%]"]
     readme.write_text("From `sweep/sweep.md`, printed by `python scripts/floor_table.py --tables x`:\n\n" + table)
     assert rr.check_all(tmp_path) == []  # a printed table: check_tables compares it with its printer
+
+
+def test_the_reviewers_false_passes_now_differ(tmp_path):
+    """Signs, a number's tail (9,214), coarse means, en-dash intervals; a README never vouches for itself; a
+    root-relative citation counts; any quoted script other than a printer does not switch the check off."""
+    study = tmp_path / "results" / "n"
+    (study / "tables").mkdir(parents=True)
+    (study / "tables" / "variants.md").write_text(
+        "| a | 0.0882 ± 0.0070 | 214 ± 54 | 0.0745 ± 0.0125 | [-8.9%, +2.7%] |\n")
+    readme = study / "README.md"
+
+    def outcome(cells: str, cite: str = "`tables/variants.md`") -> dict:
+        readme.write_text(f"From {cite} (`python scripts/check_tables.py --only x`):\n\n| arm | v |\n|---|---|\n"
+                          f"| `x` | {cells} |\n")
+        (res,) = rr.check_all(tmp_path)
+        return res
+
+    assert outcome("0.0882 ± 0.0070, 214 ± 54, 0.075 ± 0.013, −8.9% [−8.9%, +2.7%]")["result"] == "same"
+    assert outcome("0.074 ± 0.012")["result"] == "same"  # either rounding of a half
+    for wrong in ("−0.0882 ± 0.0070", "9,214 ± 54", "0.1 ± 0.0", "[–9.9%, +2.7%]", "[−8.9 %, +2.8 %]"):
+        assert outcome(wrong)["result"] == "differs", wrong
+    assert outcome("0.0882 ± 0.0070", "`results/n/tables/variants.md`")["result"] == "same"  # from the root
+    readme_cells = "0.5555 ± 0.0001"
+    res = outcome(readme_cells, "`tables/variants.md` and `./`")  # the README itself is no source
+    assert res["result"] == "differs" and res["files"] == ["0.5555 ± 0.0001"]
+
+
+def test_the_printers_are_check_tables_printers():
+    assert set(rr.PRINTERS) == set(ct.PRINTERS)
