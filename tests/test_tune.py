@@ -264,22 +264,41 @@ def test_an_unwritable_storage_fails_at_once(tmp_path, capsys, monkeypatch):
     assert waits == []
 
 
-def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path, capsys, monkeypatch):
-    """A Ctrl-C during trial 1 (after its first epoch was saved): one line, exit status 130, the SIGINT handler
-    put back; the finished trial is kept, and the same command runs the rest."""
+def _lr_study(tmp_path, study: str) -> list[str]:
+    """bftrec-tune's arguments for a 2-trial study of trainer.lr on the smoke data, in ``tmp_path / 'o'``."""
+    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
+    return ["--space", space, "--out", str(tmp_path / "o"), "--study", study, "--trials", "2", "--", *SMOKE]
+
+
+def _ctrl_c_at_save(monkeypatch, n: int, swallowed: bool):
+    """A Ctrl-C right after the ``n``-th epoch save: raised (``KeyboardInterrupt``), or ``swallowed`` as inside a
+    ``__del__`` (the SIGINT handler records it; its exception goes nowhere). Returns the real save function."""
     from bftrec import trainer
 
-    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
-    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "c", "--trials", "2", "--", *SMOKE]
     real_save, saves = trainer._save_progress, []
 
     def save(*a, **k):
         real_save(*a, **k)
         saves.append(1)
-        if len(saves) == 3:  # trial 0 saved epochs 1 and 2; trial 1 its epoch 1
-            raise KeyboardInterrupt
+        if len(saves) == n:
+            if not swallowed:
+                raise KeyboardInterrupt
+            try:
+                trainer.on_sigint(2, None)
+            except KeyboardInterrupt:
+                pass
 
     monkeypatch.setattr(trainer, "_save_progress", save)
+    return real_save
+
+
+def test_ctrl_c_in_a_trial_is_one_line_and_the_study_goes_on_when_rerun(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C during trial 1 (after its first epoch was saved): one line, exit status 130, the SIGINT handler
+    put back; the finished trial is kept, and the same command runs the rest."""
+    from bftrec import trainer
+
+    args = _lr_study(tmp_path, "c")
+    real_save = _ctrl_c_at_save(monkeypatch, 3, swallowed=False)  # trial 0 saved epochs 1 and 2; trial 1 epoch 1
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as e:
         main(args)
@@ -300,20 +319,8 @@ def test_a_ctrl_c_after_a_trials_last_step_keeps_that_trial_and_stops(tmp_path, 
     COMPLETE with its value, no other trial starts, trials.csv is written, and the command ends as an interrupt."""
     from bftrec import trainer
 
-    space = _space(tmp_path, "space:\n  trainer.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")
-    args = ["--space", space, "--out", str(tmp_path / "o"), "--study", "late", "--trials", "2", "--", *SMOKE]
-    real_save, saves = trainer._save_progress, []
-
-    def save_then_swallow(*a, **k):
-        real_save(*a, **k)
-        saves.append(1)
-        if len(saves) == 2:  # trial 0's last epoch saved: the Ctrl-C goes nowhere, as inside a __del__
-            try:
-                trainer.on_sigint(2, None)
-            except KeyboardInterrupt:
-                pass
-
-    monkeypatch.setattr(trainer, "_save_progress", save_then_swallow)
+    args = _lr_study(tmp_path, "late")
+    _ctrl_c_at_save(monkeypatch, 2, swallowed=True)  # trial 0's last epoch saved: the Ctrl-C goes nowhere
     with pytest.raises(SystemExit) as e:
         main(args)
     assert e.value.code == 130 and "bftrec-tune: interrupted" in capsys.readouterr().err
