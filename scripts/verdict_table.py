@@ -1,8 +1,10 @@
 """The README's verdict table, printed from the committed results it summarises: one row per claim of the paper
 (and per study that tests one), each with its evidence and a verdict.
 
-Every number comes from a table ``bftrec-report`` wrote (the folders given below); the words are fixed here.
-Each verdict carries the rule it rests on (``RULES``): where the numbers no longer satisfy it, the verdict cell reads
+Every number comes from a committed file a command wrote (``bftrec-report``'s tables, ``bftrec-tune``'s
+``trials.csv``, the positive control's ``readout.json``; the folders given below); the words are fixed here.
+Each verdict carries the rule it rests on (each row's ``_verdict`` call): where the numbers no longer satisfy it,
+the verdict cell reads
 ``to restate: <rule> no longer holds``, so that ``scripts/check_tables.py``, which reruns the quoted command and
 compares the table after it, fails until a person has reread the claim. Gains print as ``+1.4%`` (a true minus
 sign), p values as ``comparison_table.p_text`` prints them. Rows, in order:
@@ -14,7 +16,7 @@ sign), p values as ``comparison_table.p_text`` prints them. Rows, in order:
 4. the signal-to-noise claim: ``<snr>/sweep/sweep.csv`` and ``trend.csv`` (gain per injection rate and its trend);
 5. beyond accuracy: the replication's ``beyond_tests.csv`` and ``beyond.csv`` (tail share of the top-10 lists,
    ``bft`` and ``bft_h``), and the SNR sweep's;
-6. equal tuning budgets: ``--equal-budget``'s ``comparisons.csv``;
+6. equal tuning budgets: ``--equal-budget``'s ``comparisons.csv`` and the studies' ``trials.csv`` beside it;
 7. the Kalman gain K on rare items: ``mechanism.csv`` (history tokens, ``bft``; Q0 range, and Q0 against Q4);
 8. the pre-registered replication of ``bft_h`` on Sports HSTU cold users: the main grid's seeds 0–2, the
    replication's seeds 3–7 (``tables_seeds3-7``, ``tables_bft_seeds3-7``) and its run count;
