@@ -30,8 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from _cli import print_table  # noqa: E402
 from comparison_table import name  # noqa: E402
 
-COUNTED = ("pop", "markov")  # no parameters: one seed each
-ORDER = ("sasrec", "bert4rec", "hstu", "gru4rec")  # trained models, in the tables' order; others follow, sorted
+ORDER = ("pop", "markov", "sasrec", "bert4rec", "hstu", "gru4rec")  # the columns' order; other models follow, sorted
 DATASETS = ("sports", "instruments", "beauty", "toys", "yelp", "ml-1m")  # the main grid's order; others follow
 KEY_CELLS = 1  # the leading cell that names a row (the dataset), for check_tables' reports
 
@@ -46,11 +45,25 @@ def _floor(tables: Path) -> tuple[Path, pd.DataFrame]:
     return path, frame[frame["tag"] == ""]
 
 
+def _is_counted(model: str) -> bool:
+    """A statistical model (``trainable = False`` in its class, ``bftrec.models``: pop, markov): counted, not
+    trained. A name the registry does not know (a backbone of one's own, from ``--config-dir``) is trained."""
+    from bftrec.models import MODELS
+
+    return model in MODELS and not MODELS.get(model).trainable
+
+
+def _label(model: str) -> str:
+    """A column's model name: a counted model as its config name (``markov``), a trained one as the field writes it
+    (``SASRec``)."""
+    return model if _is_counted(model) else name(model)
+
+
 def _models(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
-    models = [c.removeprefix("HR@10 ") for c in frame.columns if c.startswith("HR@10 ") and c != "best HR@10"]
-    counted = [m for m in COUNTED if m in models]
-    trained = [m for m in ORDER if m in models] + sorted(set(models) - set(COUNTED) - set(ORDER))
-    return counted, trained
+    """``floor.csv``'s (counted, trained) models, each in ``ORDER``, others after it by name."""
+    found = [c.removeprefix("HR@10 ") for c in frame.columns if c.startswith("HR@10 ") and c != "best HR@10"]
+    models = [m for m in ORDER if m in found] + sorted(set(found) - set(ORDER))
+    return [m for m in models if _is_counted(m)], [m for m in models if not _is_counted(m)]
 
 
 def table(tables: Path) -> str:
@@ -59,8 +72,8 @@ def table(tables: Path) -> str:
     counted, trained = _models(frame)
     if "markov" not in counted or not trained:
         raise SystemExit(f"floor_table: {path} needs markov and a trained model; it has {counted + trained}")
-    head = ([name(m) if m in trained else m for m in counted + trained] + [f"Q0: {name(m) if m in trained else m}"
-            for m in ["markov"] + trained] + ["cold: markov", "cold: best trained model"])
+    head = ([_label(m) for m in counted + trained] + [f"Q0: {_label(m)}" for m in ["markov"] + trained]
+            + ["cold: markov", "cold: best trained model"])
     lines = ["| dataset | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     datasets = [d for d in DATASETS if d in set(frame["dataset"])] + sorted(set(frame["dataset"]) - set(DATASETS))
     for ds in datasets:
@@ -112,7 +125,7 @@ def best_table(tables: Path) -> str:
             where.setdefault(m, []).append(f"{name(ds)} {stratum}" + (" (tie)" if len(models) > 1 else ""))
     lines = ["| best HR@10 | rows | where |", "|---|---:|---|"]
     for model, rows in sorted(where.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        label = "– (no hit)" if model == "–" else name(model) if model not in COUNTED else model
+        label = "– (no hit)" if model == "–" else _label(model)
         lines.append(f"| {label} | {len(rows)} of {len(frame)} | {', '.join(rows) if len(rows) <= NAMED else ''} |")
     return "\n".join(lines)
 
