@@ -78,7 +78,7 @@ def tables(md: Path) -> list[tuple[int, list[str], list[list[str]], str]]:
     return out
 
 
-PRINTERS = ("cell_table", "comparison_table", "verdict_table", "floor_table")  # as check_tables.PRINTERS (tested)
+PRINTERS = ("cell_table", "comparison_table", "verdict_table", "floor_table")  # the table printers check_tables runs
 PRINTED = re.compile(rf"`python\s+scripts/(?:{'|'.join(PRINTERS)})\.py\s")  # a table below a quoted printer command
 SIGNED = r"(?<![\d.,])([+−–-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"  # signed, thousands (9,214) whole
 MEAN_SD = re.compile(SIGNED + r" ± (\d+(?:\.\d+)?)")
@@ -169,7 +169,8 @@ def _printed(cell: str) -> str | None:
 
 
 def _same(printed: str, value: float) -> bool:
-    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    """``value`` formatted at ``printed``'s precision is ``printed`` (a run's metric: Python's rounding)."""
+    decimals = _decimals(printed)
     return f"{value:.{decimals}f}" == f"{float(printed):.{decimals}f}"
 
 
@@ -195,7 +196,7 @@ def check_row(head: list[str], row: list[str], metrics: dict) -> tuple[int, list
                 continue
             compared += 1
             value = _run_value(metrics, ("valid", metric) if split == "valid" else ("test", "overall", metric))
-            decimals = len(printed.split(".")[1]) if "." in printed else 0
+            decimals = _decimals(printed)
             if value is None:
                 wrong.append(f"{col}: {printed}, the run has no such number")
             elif decimals < MIN_DECIMALS:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import json
 import logging
 import re
@@ -41,18 +42,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-import cell_table  # noqa: E402
 import check_run_rows  # noqa: E402
-import comparison_table  # noqa: E402
-import floor_table  # noqa: E402
-import verdict_table  # noqa: E402
 
 from bftrec.report import cli  # noqa: E402
 
 log = logging.getLogger("check_tables")
 COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
-PRINTERS = {"cell_table": cell_table, "comparison_table": comparison_table,  # scripts whose tables READMEs quote
-            "verdict_table": verdict_table, "floor_table": floor_table}
+PRINTERS = {n: importlib.import_module(n) for n in check_run_rows.PRINTERS}  # scripts whose tables READMEs quote
 _NAMES = "|".join(PRINTERS)
 TABLE_COMMAND = re.compile(rf"`(python\s+scripts/(?:{_NAMES})\.py\s[^`]*)`")  # quoted (may break across lines)
 MENTION = re.compile(rf"(?:{_NAMES})\.py[^\n`]*--(?:runs|tables|main)")  # any such command, quoted or not
