@@ -54,6 +54,8 @@ TABLE_COMMAND = re.compile(rf"`(python\s+scripts/(?:{_NAMES})\.py\s[^`]*)`")  # 
 MENTION = re.compile(rf"(?:{_NAMES})\.py[^\n`]*--(?:runs|tables|main)")  # any such command, quoted or not
 COMPARED = (".csv", ".json", ".md")
 PATH_FLAGS = ("--runs", "--grid", "--compare", "--comparisons")  # flags whose values are paths this command reads
+MANY_VALUES = ("--runs",)  # the only flag of bftrec-report that takes several values (nargs="+")
+NO_VALUE = ("--allow-partial",)  # its only flag that takes none (store_true); a test keeps both lists true
 
 
 def recorded_commands(root: Path) -> list[str]:
@@ -160,12 +162,14 @@ def parse(command: str) -> tuple[list[str], Path | None, list[str]]:
     out, reads, flag = None, [], None
     for i, a in enumerate(argv):
         if a.startswith("--"):
-            flag = a
+            flag = None if a in NO_VALUE else a
             if a == "--out" and i + 1 < len(argv):
                 out = Path(argv[i + 1])
             continue
         if flag in PATH_FLAGS or (flag is None and i > 0):  # a positional after the subcommand is a path
             reads.append(a)
+        if flag not in MANY_VALUES:  # a flag takes one value: what follows it is a positional again
+            flag = None
     return argv, out, reads
 
 

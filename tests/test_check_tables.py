@@ -73,3 +73,26 @@ def test_a_printer_that_raises_fails_its_command_only(tmp_path, monkeypatch):
     assert ct.main(["--json", "out.json"]) == 1
     (res,) = json.loads((tmp_path / "out.json").read_text())["commands"]
     assert res["result"] == "failed" and "the printer raised ValueError" in res["why"]
+
+
+def test_parse_names_every_path_a_command_reads_whatever_the_flag_before_it():
+    """A positional after a valued flag (``--from-epoch 76``) or after ``--allow-partial`` is still a path read;
+    ``--runs`` takes several."""
+    argv, out, reads = ct.parse("bftrec-report seconds --from-epoch 76 results/a/runs --out results/s.md")
+    assert reads == ["results/a/runs"] and out is not None and str(out) == "results/s.md"
+    _, _, reads = ct.parse("bftrec-report valid-test --allow-partial results/b --out results/v.md")
+    assert reads == ["results/b"]
+    _, _, reads = ct.parse("bftrec-report tables --runs r1 r2 --grid g.yaml --allow-partial --out results/t")
+    assert reads == ["r1", "r2", "g.yaml"]
+    _, _, reads = ct.parse("bftrec-report sweep --key dataset.inject_rate --comparisons c.csv --out results/w")
+    assert reads == ["c.csv"]
+
+
+def test_the_flag_lists_of_parse_match_the_report_modules():
+    """MANY_VALUES and NO_VALUE are every ``nargs="+"`` and every ``store_true`` flag of ``bftrec/report``."""
+    import re
+    from pathlib import Path
+    src = "\n".join(p.read_text() for p in Path(ct.REPO, "bftrec", "report").glob("*.py"))
+    many = set(re.findall(r'add_argument\("(--[a-z-]+)"[^)]*nargs="\+"', src))
+    none = set(re.findall(r'add_argument\("(--[a-z-]+)"[^)]*store_true', src))
+    assert many == set(ct.MANY_VALUES) and none == set(ct.NO_VALUE)
