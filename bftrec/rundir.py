@@ -228,7 +228,8 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
             is, and must then agree with the run on dataset, model, layer and seed).
     Raises:
         ConfigError: no readable config.yaml in ``run_dir``; an override (or ``cfg``) that would change
-            the run's dataset, model, layer or seed (one line naming it).
+            the run's dataset, model, layer or seed, or a group choice (``trainer=default``, ``+tau_variant=lr10``)
+            that would replace part of its recipe (one line naming it).
     """
     run_dir = Path(cfg.trainer.resume)
     path = run_dir / "config.yaml"
@@ -256,9 +257,10 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
         if (head in RESUME_FIXED and not same) or head in ("debug", "experiment", "tuned"):
             raise ConfigError(f"trainer.resume={run_dir} continues a run of {what} with the settings in its "
                               f"config.yaml; drop the override {item!r} (or start a new run without trainer.resume)")
-        if "." not in key and key not in cfg and key not in ("trainer", "eval"):  # e.g. +tau_variant=lr10
+        if "." not in key and (key not in cfg or key in ("trainer", "eval")):  # +tau_variant=lr10, trainer=default
             raise ConfigError(f"trainer.resume={run_dir}: the group override {item!r} cannot be applied to a run's "
-                              "saved config; set the keys it sets (e.g. layer.tau.lr_scale=...) or start a new run")
+                              "saved config (a whole group would replace the run's recipe); set the keys it sets "
+                              "(e.g. trainer.lr=..., layer.tau.lr_scale=...) or start a new run")
     out = saved.copy()
     with open_dict(out):
         for key in ("data_root", "cache_dir", "out_root", "log_level", "print_config", "trainer.resume"):
@@ -266,9 +268,7 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
                 OmegaConf.update(out, key, OmegaConf.select(cfg, key), force_add=True)
         for item in overrides:
             key = override_key(item)
-            if key in ("trainer", "eval"):  # a group choice: that whole group
-                out[key] = cfg[key]
-            elif "." in key or key in cfg:
+            if "." in key or key in cfg:
                 OmegaConf.update(out, key, OmegaConf.select(cfg, key), force_add=True)
     log.info("resuming %s: dataset, model, layer, seed and the recipe from its config.yaml", run_dir)
     return out

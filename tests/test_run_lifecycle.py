@@ -127,6 +127,9 @@ def test_resume_takes_the_runs_recipe_even_on_the_default_dataset_model_layer_an
     cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "+tau_variant=lr10")  # a group: not applicable
     with pytest.raises(ConfigError, match="the group override '\\+tau_variant=lr10' cannot be applied"):
         resume_config(without_hydra(cfg), task_overrides(cfg))
+    cfg = cli_cfg(tmp_path, f"trainer.resume={tmp_path / 'a'}", "trainer=default")  # would reset lr 0.01 to the default
+    with pytest.raises(ConfigError, match="the group override 'trainer=default' cannot be applied"):
+        resume_config(without_hydra(cfg), task_overrides(cfg))
 
 
 def test_resume_refuses_an_override_that_changes_the_run(tmp_path):
