@@ -39,8 +39,18 @@ def test_a_bad_range_is_one_line_naming_the_key(spec, message):
 def test_bft_gets_the_shared_space_plus_its_own():
     std, bft = load_space("transformer", "standard"), load_space("transformer", "bft")
     assert set(std) < set(bft) and {k for k in bft if k.startswith("layer.")} == set(bft) - set(std)
-    with pytest.raises(ConfigError, match="--space nope: no .*choose one of transformer"):
+    with pytest.raises(ConfigError, match="--space nope: no .*choose one of .*transformer"):
         load_space("nope", "standard")
+
+
+def test_the_gru4rec_space_composes_on_gru4rec_and_searches_no_unused_or_bft_key():
+    """``--space gru4rec`` passes the pre-trial check at every bound on ``model=gru4rec`` (no BFT knobs, no
+    ``model.attn_dropout``, which GRU4Rec does not use); a BFT layer gets the same space and is refused by the model."""
+    space = load_space("gru4rec", "standard")
+    assert load_space("gru4rec", "bft") == space and "model.attn_dropout" not in space
+    check_space([*SMOKE, "model=gru4rec"], space)
+    with pytest.raises(ConfigError, match="gru4rec"):
+        check_space([*SMOKE, "model=gru4rec", "layer=bft"], space)
 
 
 def test_an_unknown_key_fails_before_any_trial(tmp_path):
