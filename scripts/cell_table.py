@@ -7,7 +7,9 @@ on the ``dataset/model/layer/[variant/]seedK`` path; every finished cell when no
     | cell | commit | best epoch / run | valid NDCG@10 | test HR@10 | test NDCG@10 | wall s (ledger) |
 
 ``commit`` is the ledger line's ``git_sha`` (seven characters), marked ``(resumed)`` when that line's status is
-``resumed`` (its ``wall_s`` then covers the last segment only); a cell with no ledger line (or a line without a
+``resumed`` (its ``wall_s`` then covers the last segment only) and ``(dirty)`` when its ``git_dirty`` (else
+``env.json``'s) is true: the working tree held uncommitted changes when the cell ran, so the commit is not all of
+the code it ran; a cell with no ledger line (or a line without a
 commit) takes ``env.json``'s ``git_sha``, and a wall time that is not a finite number reads ``–``. A runs folder
 with no ledger (a superseded folder, whose lines stay in the grid's ledger) gets no wall-time column. Rows are
 sorted by dataset, model, layer (``standard`` first), variant and seed. ``scripts/check_tables.py`` reruns every
@@ -115,7 +117,10 @@ def row(runs: Path, cell: str, line: dict | None, wall_column: bool = True) -> s
         w = line.get("wall_s")
         if not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(w):
             wall = f"{round(w):,}"
-    commit = (f"`{sha}`" if sha else "–") + (" (resumed)" if line is not None and line["status"] == "resumed" else "")
+    source = line if line is not None and "git_dirty" in line else env if isinstance(env, dict) else {}
+    resumed = line is not None and line["status"] == "resumed"
+    marks = [m for m, on in (("resumed", resumed), ("dirty", source.get("git_dirty") is True)) if on]
+    commit = (f"`{sha}`" if sha else "–") + (f" ({', '.join(marks)})" if marks else "")
     best, run, valid, hr, ndcg = nums
     return (f"| {cell} | {commit} | {best} / {run} | {valid:.4f} | {hr:.4f} | {ndcg:.4f} |"
             + (f" {wall} |" if wall_column else ""))

@@ -42,6 +42,20 @@ def test_rows_come_from_metrics_and_the_last_finished_ledger_line(tmp_path):
     assert len(ctab.table(runs, ["*/bft/*"]).splitlines()) == 3
 
 
+def test_a_cell_run_from_a_dirty_tree_says_so(tmp_path):
+    """``git_dirty`` of the ledger line (else of env.json) marks the commit: it is not all of the code that ran."""
+    runs = tmp_path / "runs"
+    _cell(runs, "yelp/gru4rec/standard/seed0", 0.1, ledger=("ran", 10.0))
+    _cell(runs, "yelp/gru4rec/standard/seed1", 0.1, ledger=("resumed", 10.0))
+    lines = (runs / "ledger.jsonl").read_text().splitlines()
+    (runs / "ledger.jsonl").write_text("".join(json.dumps({**json.loads(x), "git_dirty": True}) + "\n" for x in lines))
+    _cell(runs, "yelp/gru4rec/standard/seed2", 0.1, ledger=None)
+    (runs / "yelp/gru4rec/standard/seed2/env.json").write_text(json.dumps({"git_sha": "abcdef1234", "git_dirty": True}))
+    _cell(runs, "yelp/gru4rec/standard/seed3", 0.1)  # git_dirty absent: no mark
+    commits = [r.split(" | ")[1] for r in ctab.table(runs).splitlines()[2:]]
+    assert commits == ["`abcdef1` (dirty)", "`abcdef1` (resumed, dirty)", "`abcdef1` (dirty)", "`abcdef1`"]
+
+
 def test_a_folder_without_a_ledger_gets_no_wall_column(tmp_path):
     _cell(tmp_path / "runs", "sports/hstu/standard/seed0", 0.05, ledger=None)
     header, _, row = ctab.table(tmp_path / "runs").splitlines()
