@@ -258,9 +258,10 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
             raise ConfigError(f"trainer.resume={run_dir} continues a run of {what} with the settings in its "
                               f"config.yaml; drop the override {item!r} (or start a new run without trainer.resume)")
         if "." not in key and (key not in cfg or key in ("trainer", "eval")):  # +tau_variant=lr10, trainer=default
+            fix = (f"set the {key}.* keys you mean to change (e.g. trainer.lr=...)" if key in ("trainer", "eval")
+                   else "start a new run without trainer.resume")
             raise ConfigError(f"trainer.resume={run_dir}: the group override {item!r} cannot be applied to a run's "
-                              "saved config (a whole group would replace the run's recipe); set the keys it sets "
-                              "(e.g. trainer.lr=..., layer.tau.lr_scale=...) or start a new run")
+                              f"saved config (a whole group would replace part of the run's recipe); {fix}")
     out = saved.copy()
     with open_dict(out):
         for key in ("data_root", "cache_dir", "out_root", "log_level", "print_config", "trainer.resume"):

@@ -47,7 +47,7 @@ import check_run_rows  # noqa: E402
 from bftrec.report import cli  # noqa: E402
 
 log = logging.getLogger("check_tables")
-COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out results/[^`]*)`")  # one that writes under results/
+COMMAND = re.compile(r"`(bftrec-report [a-z-]+ [^`]*--out[ =]results/[^`]*)`")  # one that writes under results/
 PRINTERS = {n: importlib.import_module(n) for n in check_run_rows.PRINTERS}  # scripts whose tables READMEs quote
 _NAMES = "|".join(PRINTERS)
 TABLE_COMMAND = re.compile(rf"`(python\s+scripts/(?:{_NAMES})\.py\s[^`]*)`")  # quoted (may break across lines)
@@ -159,6 +159,7 @@ def parse(command: str) -> tuple[list[str], Path | None, list[str]]:
     """``(argv after 'bftrec-report', the --out path or None, the paths it reads)``; a ``*`` pattern is expanded
     (sorted) as a shell would, or kept, and then named as missing, where it matches nothing."""
     argv = [m for a in shlex.split(command)[1:] for m in (sorted(glob.glob(a)) or [a] if "*" in a else [a])]
+    argv = [p for a in argv for p in (a.split("=", 1) if a.startswith("--") and "=" in a else [a])]  # --out=x
     out, reads, flag = None, [], None
     for i, a in enumerate(argv):
         if a.startswith("--"):
@@ -186,7 +187,7 @@ def check(command: str, scratch: Path, write: bool) -> dict:
     if missing:
         return {"command": command, "result": "not rerunnable", "why": f"reads {', '.join(missing)}, not here"}
     target = out if write else scratch / out
-    run_argv = [str(target) if a == str(out) else a for a in argv]
+    run_argv = [str(target) if not a.startswith("-") and Path(a) == out else a for a in argv]  # results/t/ too
     try:
         status = cli.main(run_argv)
     except SystemExit as e:  # argparse: a recorded flag this version no longer has

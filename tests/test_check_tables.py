@@ -86,13 +86,36 @@ def test_parse_names_every_path_a_command_reads_whatever_the_flag_before_it():
     assert reads == ["r1", "r2", "g.yaml"]
     _, _, reads = ct.parse("bftrec-report sweep --key dataset.inject_rate --comparisons c.csv --out results/w")
     assert reads == ["c.csv"]
+    _, out, reads = ct.parse("bftrec-report seconds --from-epoch=76 results/a --runs=r1 --out=results/s/")
+    assert reads == ["results/a", "r1"] and str(out) == "results/s"
 
 
 def test_the_flag_lists_of_parse_match_the_report_modules():
-    """MANY_VALUES and NO_VALUE are every ``nargs="+"`` and every ``store_true`` flag of ``bftrec/report``."""
-    import re
+    """MANY_VALUES and NO_VALUE are every flag of ``bftrec/report`` that takes other than one value: every
+    ``nargs`` is ``"+"`` on a MANY_VALUES flag, every ``action`` but ``store`` and ``append`` a ``store_true`` on a
+    NO_VALUE flag."""
+    import ast
     from pathlib import Path
-    src = "\n".join(p.read_text() for p in Path(ct.REPO, "bftrec", "report").glob("*.py"))
-    many = set(re.findall(r'add_argument\("(--[a-z-]+)"[^)]*nargs="\+"', src))
-    none = set(re.findall(r'add_argument\("(--[a-z-]+)"[^)]*store_true', src))
-    assert many == set(ct.MANY_VALUES) and none == set(ct.NO_VALUE)
+    nargs, actions = {}, {}
+    for path in Path(ct.REPO, "bftrec", "report").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--")):
+                continue
+            for kw in node.keywords:
+                if kw.arg in ("nargs", "action"):
+                    ({"nargs": nargs, "action": actions}[kw.arg])[node.args[0].value] = ast.literal_eval(kw.value)
+    valueless = {f: a for f, a in actions.items() if a not in ("store", "append")}  # those take one value each
+    assert nargs == {f: "+" for f in ct.MANY_VALUES} and valueless == {f: "store_true" for f in ct.NO_VALUE}
+
+
+def test_a_check_reruns_into_scratch_however_its_out_is_spelled(tmp_path, monkeypatch):
+    """``--out results/t/`` and ``--out=results/t`` are the committed folder too: the rerun must write to scratch."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    seen = []
+    monkeypatch.setattr(ct.cli, "main", lambda argv: seen.append(list(argv)) or 0)
+    for spelling in ("--out results/t/", "--out=results/t", "--out results/t"):
+        ct.check(f"bftrec-report tables --runs runs {spelling}", tmp_path / "scratch", write=False)
+    scratch = str(tmp_path / "scratch" / "results" / "t")
+    assert [a[a.index("--out") + 1] for a in seen] == [scratch] * 3
