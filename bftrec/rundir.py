@@ -228,8 +228,8 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
             is, and must then agree with the run on dataset, model, layer and seed).
     Raises:
         ConfigError: no readable config.yaml in ``run_dir``; an override (or ``cfg``) that would change
-            the run's dataset, model, layer or seed, or a group choice (``trainer=default``, ``+tau_variant=lr10``)
-            that would replace part of its recipe (one line naming it).
+            the run's dataset, model, layer or seed, a group choice (``trainer=default``, ``+tau_variant=lr10``)
+            that would replace part of its recipe, or a deletion (``~trainer.patience``) (one line naming it).
     """
     run_dir = Path(cfg.trainer.resume)
     path = run_dir / "config.yaml"
@@ -252,6 +252,9 @@ def resume_config(cfg: DictConfig, overrides: Optional[list[str]]) -> DictConfig
         return cfg
     for item in overrides:  # the command line: the run's recipe, with only what the command line changes
         key = override_key(item)
+        if item.startswith("~"):  # a deletion has nothing to put in the saved config (it would read None)
+            raise ConfigError(f"trainer.resume={run_dir}: the deletion {item!r} cannot be applied to a run's saved "
+                              f"config; set {key}=<value> instead, or start a new run without trainer.resume")
         head = key.split(".")[0].split("@")[0]
         same = head in RESUME_FIXED and OmegaConf.select(cfg, key) == OmegaConf.select(saved, key)
         if (head in RESUME_FIXED and not same) or head in ("debug", "experiment", "tuned"):
