@@ -35,13 +35,13 @@ test: setup
 # whose tables are then marked PARTIAL (--allow-partial; the figures log it) until the grid is done.
 # Trial runs with other settings (ARGS="trainer.epochs=2") belong in another folder: OUT=/tmp/trial.
 # GRID=main also runs its unit ablation, configs/experiment/paper/main_units.yaml (layer=bft_h on Sports), and
-# the counted floor, configs/experiment/paper/baselines.yaml (pop, markov), into the same folder, when no ARGS
-# slice is given; GRID=main_units runs the ablation alone. The tables of either take all three grids' cells
+# the floor, configs/experiment/paper/baselines.yaml (pop, markov) and baselines_gru4rec.yaml (GRU4Rec), into the
+# same folder, when no ARGS slice is given; GRID=main_units runs the ablation alone. The tables of either take all four grids' cells
 # (those of GRID=main_units are PARTIAL until the main grid is done).
 OUT_main_units := results/paper_main
-EXTRA_GRIDS_main := main_units baselines
-TABLE_GRIDS_main := main main_units baselines
-TABLE_GRIDS_main_units := main main_units baselines
+EXTRA_GRIDS_main := main_units baselines baselines_gru4rec
+TABLE_GRIDS_main := main main_units baselines baselines_gru4rec
+TABLE_GRIDS_main_units := main main_units baselines baselines_gru4rec
 OUT ?= $(or $(OUT_$(GRID)),results/paper_$(GRID))
 PAPER_CHECK = $(foreach g,$(or $(TABLE_GRIDS_$(GRID)),$(GRID)),--grid configs/experiment/paper/$(g).yaml) \
 	$(if $(or $(ARGS),$(filter main_units,$(GRID))),--allow-partial)
