@@ -30,7 +30,8 @@ test: setup
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): a broken suite, never a pass" >&2; fi; exit $$rc
 
 # Reproduce the paper: the grid configs/experiment/paper/$(GRID).yaml (cpu: 108 runs on 2 cores;
-# main: the 108-run paper grid, for a GPU), then its tables and figures under $(OUT)/.
+# main: the 108-run paper grid, for a GPU, with its unit ablation and the floor), then its tables and figures
+# under $(OUT)/.
 # Rerunning skips finished cells and resumes killed ones; ARGS picks a slice (ARGS="dataset=office"),
 # whose tables are then marked PARTIAL (--allow-partial; the figures log it) until the grid is done.
 # Trial runs with other settings (ARGS="trainer.epochs=2") belong in another folder: OUT=/tmp/trial.
