@@ -9,10 +9,10 @@ on the ``dataset/model/layer/[variant/]seedK`` path; every finished cell when no
 ``commit`` is the ledger line's ``git_sha`` (seven characters), marked ``(resumed)`` when that line's status is
 ``resumed`` (its ``wall_s`` then covers the last segment only) and ``(dirty)`` when its ``git_dirty`` (else
 ``env.json``'s) is true: the working tree held uncommitted changes when the cell ran, so the commit is not all of
-the code it ran; a cell with no ledger line (or a line without a
-commit) takes ``env.json``'s ``git_sha``, and a wall time that is not a finite number reads ``–``. A runs folder
-with no ledger (a superseded folder, whose lines stay in the grid's ledger) gets no wall-time column. Rows are
-sorted by dataset, model, layer (``standard`` first), variant and seed. ``scripts/check_tables.py`` reruns every
+the code it ran; a cell with no ledger line (or a line without a commit) takes ``env.json``'s ``git_sha``, and a
+wall time that is not a finite number reads ``–``. A runs folder with no ledger (a superseded folder, whose lines
+stay in the grid's ledger) gets no wall-time column. Rows are sorted by dataset, model, layer (``standard``
+first), variant and seed. ``scripts/check_tables.py`` reruns every
 quoted ``python scripts/cell_table.py ...`` command and checks that the table right below it is the one it prints.
 
 Usage (from the repository root):
