@@ -106,7 +106,8 @@ def row(runs: Path, cell: str, line: dict | None, wall_column: bool = True) -> s
                                              (hr, "test HR@10"), (ndcg, "test NDCG@10"))]
     env_path = runs / cell / "env.json"
     env = _read_json(env_path, "rewrite it or delete it") if env_path.is_file() else {}
-    env_sha = _sha(env.get("git_sha")) if isinstance(env, dict) else ""
+    env = env if isinstance(env, dict) else {}  # a foreign env.json (not an object) tells nothing
+    env_sha = _sha(env.get("git_sha"))
     sha, wall = env_sha, "–"
     if line is not None:
         sha = _sha(line.get("git_sha")) or env_sha
@@ -117,7 +118,7 @@ def row(runs: Path, cell: str, line: dict | None, wall_column: bool = True) -> s
         w = line.get("wall_s")
         if not isinstance(w, bool) and isinstance(w, (int, float)) and math.isfinite(w):
             wall = f"{round(w):,}"
-    source = line if line is not None and "git_dirty" in line else env if isinstance(env, dict) else {}
+    source = line if line is not None and "git_dirty" in line else env
     resumed = line is not None and line["status"] == "resumed"
     marks = [m for m, on in (("resumed", resumed), ("dirty", source.get("git_dirty") is True)) if on]
     commit = (f"`{sha}`" if sha else "–") + (f" ({', '.join(marks)})" if marks else "")
